@@ -1,0 +1,1 @@
+"""The lossless tree-speculative runtime (trees, KV cache, drafters, verification, generator)."""

@@ -1,0 +1,64 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from headway.train.config import ConfigError, load_config
+from headway.train.medusa import MedusaRunConfig
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "medusa").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_medusa_config_loads(path):
+    cfg = load_config(MedusaRunConfig, path)
+    assert cfg.heads.num_heads >= 1 and cfg.train.output_dir
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "accelerate").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_accelerate_config_loads(path):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    known = set(ClusterConfig.__dataclass_fields__)
+    data = yaml.safe_load(path.read_text())
+    assert set(data) <= known, f"unknown accelerate keys {set(data) - known}"
+    cfg = ClusterConfig.from_yaml_file(str(path))
+    assert cfg.num_processes >= 1
+
+
+def test_every_yaml_under_configs_is_covered():
+    covered = {"medusa", "accelerate", "trees"}
+    for path in CONFIGS.rglob("*.yaml"):
+        assert path.relative_to(CONFIGS).parts[0] in covered, f"{path} is not loaded by any test"
+
+
+def test_overrides_and_types(tmp_path):
+    cfg = load_config(MedusaRunConfig, CONFIGS / "medusa" / "tiny.yaml",
+                      ["train.lr=1e-4", "heads.num_heads=2", "train.max_steps=7", "loss.weights=[1.0,0.5]",
+                       "train.trackers=[]", "heads.share_lm_head=true"])
+    assert cfg.train.lr == 1e-4 and cfg.heads.num_heads == 2 and cfg.train.max_steps == 7
+    assert cfg.loss.weights == [1.0, 0.5] and cfg.train.trackers == [] and cfg.heads.share_lm_head is True
+    assert isinstance(cfg.train.lr, float) and isinstance(cfg.train.max_steps, int)
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.lrr=1", "train.lrr"),
+    ("bogus=1", "bogus"),
+    ("train.batch_size=abc", "train.batch_size"),
+    ("train.batch_size=1.5", "integer"),
+    ("heads.share_lm_head=maybe", "true/false"),
+    ("train.mixed_precision=fp8", "mixed_precision"),
+    ("noequals", "key=value"),
+])
+def test_bad_keys_and_values_name_the_problem(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(MedusaRunConfig, CONFIGS / "medusa" / "tiny.yaml", [override])
+
+
+def test_unknown_key_in_yaml_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: x\ntrain:\n  learning_rate: 1\n")
+    with pytest.raises(ConfigError, match="train.learning_rate"):
+        load_config(MedusaRunConfig, path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(MedusaRunConfig, tmp_path / "missing.yaml")

@@ -1,0 +1,1 @@
+"""Training: data, losses, the one accelerate loop shared by every method, and entry points."""

@@ -1,0 +1,150 @@
+"""Run configs: nested dataclasses filled from YAML and ``key=value`` overrides.
+
+The dataclasses are the single source of defaults. A YAML file or an override may only name
+fields that exist (``train.lr=3e-4``, ``heads.num_heads=3``); anything else is an error that
+names the key and lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the dataclass."""
+
+
+def _field_types(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _is_dataclass_type(tp) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert YAML/CLI values to the annotated type (str -> int/float/bool where asked)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        errors = []
+        for arg in args:
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0])
+    if origin in (list, tuple):
+        (item,) = typing.get_args(tp)[:1] or (Any,)
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        out = [_coerce(v, item, key) for v in value]
+        return tuple(out) if origin is tuple else out
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            number = float(value)  # PyYAML reads 1e-3 as a string
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}") from None
+        if tp is int:
+            if number != int(number):
+                raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            return int(number)
+        return number
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls, data: dict[str, Any] | None, prefix: str = ""):
+    """Build dataclass ``cls`` from a (nested) mapping; unknown keys raise ConfigError."""
+    data = dict(data or {})
+    types_ = _field_types(cls)
+    unknown = sorted(set(data) - set(types_))
+    if unknown:
+        raise ConfigError(f"unknown config key {prefix + unknown[0]!r}; valid keys here: {sorted(prefix + k for k in types_)}")
+    kwargs = {}
+    for name, tp in types_.items():
+        if name not in data:
+            continue
+        key = prefix + name
+        if _is_dataclass_type(tp):
+            if not isinstance(data[name], dict):
+                raise ConfigError(f"{key}: expected a section (mapping), got {data[name]!r}")
+            kwargs[name] = from_dict(tp, data[name], prefix=key + ".")
+        else:
+            kwargs[name] = _coerce(data[name], tp, key)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{prefix or 'config'}: {exc}") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Merge ``a.b=value`` strings into a nested dict (values parsed as YAML scalars)."""
+    data = _deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (for example train.lr=3e-4)")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r}: {part!r} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    return data
+
+
+def _deepcopy(d):
+    return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def load_config(cls, path: str | Path | None = None, overrides: list[str] = ()):
+    """YAML file (optional) + overrides -> dataclass ``cls``."""
+    data = read_yaml(path) if path else {}
+    return from_dict(cls, apply_overrides(data, list(overrides)))
+
+
+def to_dict(config) -> dict[str, Any]:
+    return dataclasses.asdict(config)

@@ -1,0 +1,328 @@
+"""The one training loop every method shares (Medusa-1 now; Medusa-2 and EAGLE plug in the same way).
+
+A method supplies the trainable drafter, a loss over a padded batch (returning per-head counts),
+and an export. The loop owns everything else: accelerate (DDP on CPU/gloo or GPUs, mixed
+precision), deterministic data order, gradient accumulation, warmup + cosine schedule, clipping,
+atomic checkpoints with automatic resume, held-out evaluation, TensorBoard + JSONL metrics, tqdm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+
+from headway.train import checkpoint as ckpt
+from headway.train.features import pad_batch
+from headway.train.losses import summarize
+
+RUN_CONFIG_NAME = "run_config.json"
+METRICS_NAME = "metrics.jsonl"
+# Fields that may differ when a run is resumed (they do not change what is trained).
+_RESUMABLE_DIFFS = {"overwrite", "resume", "log_every", "eval_every", "save_every", "keep_checkpoints", "trackers"}
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    output_dir: str = "outputs/medusa"  # exported drafter, checkpoints, metrics and logs go here
+    overwrite: bool = False  # replace an output_dir that holds a different run
+    resume: bool = True  # continue from the newest checkpoint in output_dir, if any
+    seed: int = 0  # data order and initialisation
+    batch_size: int = 4  # sequences per process per micro-step
+    grad_accum: int = 1  # micro-steps per optimizer step
+    epochs: int = 1  # passes over the training data (ignored when max_steps is set)
+    max_steps: int | None = None  # optimizer steps; None = epochs * steps_per_epoch
+    lr: float = 1e-3  # peak learning rate (AdamW)
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
+    warmup_ratio: float = 0.05  # share of steps with linear warmup before the cosine decay
+    min_lr_ratio: float = 0.0  # cosine floor as a share of lr
+    max_grad_norm: float = 1.0  # gradient clipping (0 = off)
+    mixed_precision: str = "auto"  # auto (bf16 on GPUs that have it, else fp32) | no | bf16 | fp16
+    save_every: int = 100  # optimizer steps between checkpoints (0 = only the final export)
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk
+    eval_every: int = 0  # optimizer steps between held-out evaluations (0 = at the end only)
+    eval_batch_size: int = 8  # sequences per process per evaluation batch
+    log_every: int = 10  # optimizer steps between metric logs
+    trackers: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])  # accelerate trackers
+    num_threads: int | None = None  # torch CPU threads per process (None = torch default)
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:
+            raise ValueError("batch_size, grad_accum and epochs must be >= 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 or null, got {self.max_steps}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
+
+
+class Method(Protocol):
+    """What a training method plugs into the loop.
+
+    ``model`` is an ``nn.Module`` whose forward takes a padded batch dict and returns
+    ``(loss, counts)``; it holds the trainable drafter (the loop wraps it for DDP, so gradients
+    synchronise) and computes the features it needs. ``export`` writes the trained drafter.
+    """
+
+    model: torch.nn.Module
+
+    def export(self, model: torch.nn.Module, output_dir: Path, metrics: dict) -> None:
+        ...
+
+
+def make_accelerator(cfg: TrainConfig) -> Accelerator:
+    """An Accelerator that really synchronises: gloo DDP on CPU, NCCL on GPUs."""
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    mp = cfg.mixed_precision
+    if mp == "auto":
+        mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    on_cpu = not torch.cuda.is_available()
+    acc = Accelerator(cpu=on_cpu, mixed_precision=mp, log_with=cfg.trackers or None,
+                      project_dir=cfg.output_dir)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != acc.num_processes:
+        # e.g. `accelerate launch --cpu --num_processes 2`: processes that would train independently
+        raise RuntimeError(
+            f"{world} processes were launched but accelerate sees {acc.num_processes}: they would not "
+            "synchronise. On CPU launch with `accelerate launch --multi_gpu --num_processes N` (headway "
+            "builds a CPU accelerator itself) or with torchrun."
+        )
+    return acc
+
+
+def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warmup to 1, then cosine decay to ``min_ratio`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def prepare_output_dir(cfg: TrainConfig, run_config: dict, acc: Accelerator) -> Path:
+    """Refuse to mix runs: an output_dir holding a different run needs resume of the same run or overwrite."""
+    out = Path(cfg.output_dir)
+    saved = out / RUN_CONFIG_NAME
+    if acc.is_main_process:
+        if saved.is_file():
+            old = json.loads(saved.read_text())
+            diff = _config_diff(old, run_config)
+            if cfg.overwrite and (diff or not cfg.resume):
+                shutil.rmtree(out)
+            elif diff:
+                raise ValueError(
+                    f"{out} already holds a different run (differs in {', '.join(diff[:4])}); "
+                    "choose another train.output_dir, or pass train.overwrite=true to replace it"
+                )
+            elif not cfg.resume and ckpt.checkpoint_dirs(out / "checkpoints"):
+                raise ValueError(f"{out} holds checkpoints of this run and train.resume=false; "
+                                 "pass train.overwrite=true to start over")
+        elif out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
+            raise ValueError(f"{out} is not empty and holds no headway run; choose another "
+                             "train.output_dir or pass train.overwrite=true")
+        out.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(run_config, indent=2, default=str))
+    acc.wait_for_everyone()
+    return out
+
+
+def _config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    keys = sorted(set(old) | set(new))
+    diff = []
+    for k in keys:
+        if k in _RESUMABLE_DIFFS:
+            continue
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diff += _config_diff(a, b, prefix + k + ".")
+        elif json.dumps(a, default=str) != json.dumps(b, default=str):
+            diff.append(prefix + k)
+    return diff
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, prefix + k + "."))
+        else:
+            out[prefix + k] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out
+
+
+@torch.no_grad()
+def evaluate(acc: Accelerator, method: Method, model, examples: list[dict], batch_size: int) -> dict[str, float]:
+    """Held-out loss and accuracy per head, counted over every process's share."""
+    model.eval()
+    mine = examples[acc.process_index::acc.num_processes]
+    totals: dict[str, torch.Tensor] = {}
+    for i in range(0, len(mine), batch_size):
+        batch = {k: v.to(acc.device) for k, v in pad_batch(mine[i:i + batch_size]).items()}
+        with acc.autocast():
+            _, counts = model(batch)
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0) + v.detach().double()
+    keys = sorted(_all_keys(acc, totals))
+    vec = torch.stack([torch.as_tensor(totals.get(k, 0.0), dtype=torch.float64) for k in keys]).to(acc.device) if keys else None
+    if vec is not None and acc.num_processes > 1:
+        vec = acc.reduce(vec, reduction="sum")
+    model.train()
+    return summarize({k: float(v) for k, v in zip(keys, vec.tolist())}) if keys else {}
+
+
+def _all_keys(acc: Accelerator, totals: dict) -> list[str]:
+    from accelerate.utils import gather_object
+
+    keys = set(totals)
+    if acc.num_processes > 1:
+        keys = set().union(*gather_object([sorted(keys)]))
+    return list(keys)
+
+
+def parameter_fingerprint(model: torch.nn.Module) -> list[float]:
+    """Per-tensor sums in float64: identical on every rank iff training stayed in sync."""
+    return [float(p.detach().double().sum()) for p in model.parameters() if p.requires_grad]
+
+
+def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data: list[dict],
+                 eval_data: list[dict], run_config: dict) -> dict:
+    """Train ``method.model`` on ``train_data``; returns the final held-out metrics."""
+    if not train_data:
+        raise ValueError("the training set is empty; check the data source and its filters")
+    out = prepare_output_dir(cfg, run_config, acc)
+    set_seed(cfg.seed)
+    global_batch = cfg.batch_size * acc.num_processes * cfg.grad_accum
+    steps_per_epoch = len(train_data) // global_batch
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(train_data)} training sequences are fewer than one optimizer step needs "
+                         f"({global_batch} = batch_size x processes x grad_accum); lower batch_size or add data")
+    total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
+    warmup = max(1, int(cfg.warmup_ratio * total_steps)) if cfg.warmup_ratio > 0 else 0
+
+    model = method.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_lambda(s, total_steps, warmup, cfg.min_lr_ratio))
+    model, optimizer = acc.prepare(model, optimizer)
+    unwrapped = acc.unwrap_model(model)
+
+    step = 0
+    last = ckpt.checkpoint_dirs(out / "checkpoints")
+    if cfg.resume and last:
+        state = ckpt.load_checkpoint(last[-1], acc.process_index)
+        unwrapped.load_state_dict({**unwrapped.state_dict(), **state["model"]})
+        ckpt.optimizer_from_flat(optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer,
+                                 state["optimizer"], state["optimizer_meta"])
+        scheduler.load_state_dict(state["state"]["scheduler"])
+        step = state["state"]["step"]
+        if state["rng"] is not None:
+            torch.set_rng_state(state["rng"])
+        acc.print(f"resumed from {last[-1]} at step {step}/{total_steps}")
+    _truncate_metrics(out / METRICS_NAME, step, acc.is_main_process)
+
+    if cfg.trackers:
+        acc.init_trackers("headway", config=_flat(run_config))
+    bar = tqdm(total=total_steps, initial=step, disable=not acc.is_local_main_process, desc="training", unit="step")
+    model.train()
+    running: dict[str, torch.Tensor] = {}
+    tokens, t0 = 0, time.perf_counter()
+    while step < total_steps:
+        epoch, in_epoch = divmod(step, steps_per_epoch)
+        order = torch.randperm(len(train_data), generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
+        loss_value = 0.0
+        for micro in range(cfg.grad_accum):
+            first = ((in_epoch * cfg.grad_accum + micro) * acc.num_processes + acc.process_index) * cfg.batch_size
+            batch = pad_batch([train_data[i] for i in order[first:first + cfg.batch_size].tolist()])
+            batch = {k: v.to(acc.device) for k, v in batch.items()}
+            tokens += int(batch["attention_mask"].sum())
+            sync = micro == cfg.grad_accum - 1
+            with (contextlib.nullcontext() if sync else acc.no_sync(model)):
+                with acc.autocast():
+                    loss, counts = model(batch)
+                acc.backward(loss / cfg.grad_accum)
+            loss_value += float(loss.detach()) / cfg.grad_accum
+            for k, v in counts.items():
+                running[k] = running.get(k, 0) + v.detach().double()
+        if cfg.max_grad_norm > 0:
+            acc.clip_grad_norm_(params, cfg.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_value:.3f}")
+
+        if step % cfg.log_every == 0 or step == total_steps:
+            elapsed = time.perf_counter() - t0
+            record = {"step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0],
+                      "tokens_per_s": tokens * acc.num_processes / max(elapsed, 1e-9),
+                      **{f"train/{k}": v for k, v in summarize({k: float(v) for k, v in running.items()}).items()}}
+            running, tokens, t0 = {}, 0, time.perf_counter()
+            _log(acc, out, record, cfg)
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps and eval_data:
+            _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in
+                                             evaluate(acc, method, model, eval_data, cfg.eval_batch_size).items()}}, cfg)
+        if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
+            ckpt.save_checkpoint(out / "checkpoints", step, model_state=_trainable_state(unwrapped),
+                                 optimizer=optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer,
+                                 loop_state={"step": step, "scheduler": scheduler.state_dict()},
+                                 rank=acc.process_index, is_main=acc.is_main_process,
+                                 keep=cfg.keep_checkpoints, barrier=acc.wait_for_everyone)
+    bar.close()
+
+    final = evaluate(acc, method, model, eval_data, cfg.eval_batch_size) if eval_data else {}
+    _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in final.items()}}, cfg)
+    _write_sync_check(acc, out, unwrapped)
+    if acc.is_main_process:
+        method.export(unwrapped, out, final)
+        (out / "eval_metrics.json").write_text(json.dumps(final, indent=2))
+    acc.wait_for_everyone()
+    if cfg.trackers:
+        acc.end_training()
+    return final
+
+
+def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k in names}
+
+
+def _write_sync_check(acc: Accelerator, out: Path, model: torch.nn.Module) -> None:
+    """Record how many processes trained and each rank's parameter fingerprint."""
+    from accelerate.utils import gather_object
+
+    prints = gather_object([parameter_fingerprint(model)]) if acc.num_processes > 1 else [parameter_fingerprint(model)]
+    if acc.is_main_process:
+        (out / "distributed.json").write_text(json.dumps({
+            "num_processes": acc.num_processes, "distributed_type": str(acc.distributed_type),
+            "fingerprints": prints}))
+
+
+def _log(acc: Accelerator, out: Path, record: dict, cfg: TrainConfig) -> None:
+    if cfg.trackers:
+        acc.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+    if acc.is_main_process:
+        with open(out / METRICS_NAME, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _truncate_metrics(path: Path, step: int, is_main: bool) -> None:
+    """On resume, drop metric lines logged after the checkpoint (they will be logged again)."""
+    if not is_main or not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in keep) if step else "")

@@ -1,0 +1,71 @@
+"""Losses and accuracy counts for the drafters.
+
+Medusa-1 (Cai et al., 2024): ``sum_k w_k * CE(head_k(h_t), x_{t+k+2})`` over assistant tokens,
+with ``w_k = 0.8**k`` by default. Metrics are returned as counts (correct, total) so they add up
+exactly across micro-batches and processes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def head_weights(num_heads: int, decay: float = 0.8, weights: list[float] | None = None) -> list[float]:
+    """Per-head loss weights: explicit ``weights`` or ``decay**k``."""
+    if weights:
+        if len(weights) != num_heads:
+            raise ValueError(f"loss weights has {len(weights)} entries for {num_heads} heads; give one per head")
+        return list(weights)
+    return [decay**k for k in range(num_heads)]
+
+
+def topk_counts(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, k: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    # logits: [N, V], labels: [N], mask: [N] bool -> (top-1 correct, top-k correct) counts
+    top = logits.topk(k, dim=-1).indices  # [N, k]
+    hit = top == labels[:, None]
+    return (hit[:, 0] & mask).sum(), (hit.any(-1) & mask).sum()
+
+
+def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                weights: list[float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted Medusa loss and per-head counts.
+
+    hidden: [B, T, H] target features; input_ids, loss_mask: [B, T]. Head k at position t is
+    trained on token t+k+2 where that token is an assistant token (loss_mask 1).
+    """
+    num_heads = len(weights)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    metrics: dict[str, torch.Tensor] = {}
+    for k in range(num_heads):
+        shift = k + 2
+        if hidden.shape[1] <= shift:
+            break
+        mask = loss_mask[:, shift:].reshape(-1).bool()  # [N]
+        feats = hidden[:, :-shift].reshape(-1, hidden.shape[-1])[mask]  # [n, H]: only rows that count
+        labels = input_ids[:, shift:].reshape(-1)[mask]  # [n]
+        n = mask.sum()
+        if feats.shape[0] == 0:
+            metrics.update({f"head{k}/loss_sum": n.float() * 0, f"head{k}/top1": n * 0, f"head{k}/top5": n * 0,
+                            f"head{k}/count": n})
+            continue
+        logits = heads.head_logits(feats, k).float()  # [n, V]
+        ce = F.cross_entropy(logits, labels, reduction="sum")
+        total = total + weights[k] * ce / n
+        with torch.no_grad():
+            top1, top5 = topk_counts(logits, labels, torch.ones_like(labels, dtype=torch.bool))
+        metrics.update({f"head{k}/loss_sum": ce.detach(), f"head{k}/top1": top1, f"head{k}/top5": top5,
+                        f"head{k}/count": n})
+    return total, metrics
+
+
+def summarize(counts: dict[str, float]) -> dict[str, float]:
+    """Turn summed counts into per-head loss / top-1 / top-5 accuracy."""
+    out: dict[str, float] = {}
+    heads = sorted({key.split("/")[0] for key in counts if key.startswith("head")}, key=lambda h: int(h[4:]))
+    for h in heads:
+        n = max(float(counts.get(f"{h}/count", 0)), 1.0)
+        out[f"{h}/loss"] = float(counts[f"{h}/loss_sum"]) / n
+        out[f"{h}/top1"] = float(counts[f"{h}/top1"]) / n
+        out[f"{h}/top5"] = float(counts[f"{h}/top5"]) / n
+    return out

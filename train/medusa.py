@@ -1,0 +1,111 @@
+"""Medusa-1: train heads on a frozen target.
+
+    accelerate launch train/medusa.py --config configs/medusa/smollm2-135m.yaml [key=value ...]
+    accelerate launch -m headway.train.medusa --config ...   (same thing)
+    python -m headway.train.medusa --config ...               (one process)
+
+Features are the target's last hidden state, computed online per batch or read from a cache
+made by ``scripts/cache_features.py`` (``features=<folder>``). At the end the heads are exported
+to ``train.output_dir`` (config.json, model.safetensors, README.md model card, metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+from headway.heads import MedusaConfig, MedusaHeads
+from headway.heads.target import freeze, load_target
+from headway.train.config import ConfigError, load_config, to_dict
+from headway.train.data import DataConfig, build_datasets
+from headway.train.features import last_hidden_state, load_cached_features
+from headway.train.loop import TrainConfig, make_accelerator, run_training
+from headway.train.losses import head_weights, medusa_loss
+
+
+@dataclasses.dataclass
+class LossConfig:
+    decay: float = 0.8  # head k is weighted decay**k (Medusa's 0.8)
+    weights: list[float] | None = None  # explicit per-head weights instead of decay**k
+
+
+@dataclasses.dataclass
+class MedusaRunConfig:
+    model: str = "smollm2-135m"  # target: the offline default alias, a local folder or a Hub id
+    features: str = "online"  # "online" (run the frozen target per batch) or a feature-cache folder
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    heads: MedusaConfig = dataclasses.field(default_factory=MedusaConfig)  # hidden/vocab sizes come from the target
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(output_dir="outputs/medusa"))
+
+
+class MedusaTrainingModule(torch.nn.Module):
+    """Heads plus their loss; the frozen target (online features) is held outside the module."""
+
+    def __init__(self, heads: MedusaHeads, target, weights: list[float]):
+        super().__init__()
+        self.heads = heads
+        self._target = (target,)  # not a submodule: never wrapped, saved or trained
+        self.weights = weights
+
+    def forward(self, batch: dict[str, torch.Tensor]):
+        hidden = batch.get("hidden")
+        if hidden is None:
+            hidden = last_hidden_state(self._target[0], batch["input_ids"], batch["attention_mask"])
+        hidden = hidden.float()  # cached features may be stored in half precision
+        return medusa_loss(self.heads, hidden, batch["input_ids"], batch["loss_mask"], self.weights)
+
+
+class MedusaMethod:
+    """The Medusa-1 plug-in for the shared loop."""
+
+    def __init__(self, heads: MedusaHeads, target, weights: list[float]):
+        self.model = MedusaTrainingModule(heads, target, weights)
+
+    def export(self, model: MedusaTrainingModule, output_dir: Path, metrics: dict) -> None:
+        model.heads.save_pretrained(output_dir, metrics=metrics)
+
+
+def parse_args(argv: list[str] | None = None) -> MedusaRunConfig:
+    parser = argparse.ArgumentParser(description="Train Medusa-1 heads on a frozen target.")
+    parser.add_argument("--config", help="YAML run config (e.g. configs/medusa/smollm2-135m.yaml)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=3e-4 heads.num_heads=3")
+    args = parser.parse_args(argv)
+    return load_config(MedusaRunConfig, args.config, args.overrides)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    try:
+        cfg = parse_args(argv)
+    except ConfigError as exc:
+        sys.exit(f"config error: {exc}")
+    acc = make_accelerator(cfg.train)
+    target, tokenizer = load_target(cfg.model, device=acc.device)
+    freeze(target)
+    heads = MedusaHeads.from_target(target, cfg.heads, base_model_name_or_path=cfg.model)
+    heads.to(acc.device)
+    if cfg.features == "online":
+        with acc.main_process_first():
+            train_data, eval_data = build_datasets(cfg.data, tokenizer, cfg.model)
+    else:
+        train_data = load_cached_features(Path(cfg.features) / "train", expect_meta={"model": cfg.model})
+        eval_data = load_cached_features(Path(cfg.features) / "heldout", expect_meta={"model": cfg.model})
+    acc.print(f"{len(train_data)} training / {len(eval_data)} held-out sequences, "
+              f"{acc.num_processes} process(es) on {acc.device}, features: {cfg.features}")
+    method = MedusaMethod(heads, target, head_weights(cfg.heads.num_heads, cfg.loss.decay, cfg.loss.weights))
+    metrics = run_training(acc, cfg.train, method, train_data, eval_data, run_config=to_dict(cfg))
+    if acc.is_main_process:
+        for k in range(cfg.heads.num_heads):
+            if f"head{k}/top1" in metrics:
+                print(f"head {k} (token t+{k + 2}): held-out top-1 {metrics[f'head{k}/top1']:.3f}  "
+                      f"top-5 {metrics[f'head{k}/top5']:.3f}")
+        print(f"exported to {cfg.train.output_dir}")
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
