@@ -113,14 +113,15 @@ def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
 
 
 def prepare_output_dir(cfg: TrainConfig, run_config: dict, acc: Accelerator) -> Path:
-    """Refuse to mix runs: an output_dir holding a different run needs resume of the same run or overwrite."""
+    """Refuse to mix runs: an output_dir holding a different run needs overwrite (which starts afresh);
+    the same run resumes from its newest checkpoint."""
     out = Path(cfg.output_dir)
     saved = out / RUN_CONFIG_NAME
     if acc.is_main_process:
         if saved.is_file():
             old = json.loads(saved.read_text())
             diff = _config_diff(old, run_config)
-            if cfg.overwrite and (diff or not cfg.resume):
+            if cfg.overwrite:
                 shutil.rmtree(out)
             elif diff:
                 raise ValueError(
@@ -203,6 +204,10 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     if not train_data:
         raise ValueError("the training set is empty; check the data source and its filters")
     out = prepare_output_dir(cfg, run_config, acc)
+    done = out / "eval_metrics.json"
+    if cfg.resume and done.is_file() and (out / "model.safetensors").is_file():
+        acc.print(f"{out} already holds this finished run; nothing to do (train.overwrite=true retrains)")
+        return json.loads(done.read_text())
     set_seed(cfg.seed)
     global_batch = cfg.batch_size * acc.num_processes * cfg.grad_accum
     steps_per_epoch = len(train_data) // global_batch
@@ -236,6 +241,9 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
 
     if cfg.trackers:
         acc.init_trackers("headway", config=_flat(run_config))
+    if step == 0 and eval_data:  # the baseline the trained heads are judged against
+        _log(acc, out, {"step": 0, **{f"eval/{k}": v for k, v in
+                                      evaluate(acc, method, model, eval_data, cfg.eval_batch_size).items()}}, cfg)
     bar = tqdm(total=total_steps, initial=step, disable=not acc.is_local_main_process, desc="training", unit="step")
     model.train()
     running: dict[str, torch.Tensor] = {}

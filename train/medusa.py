@@ -78,11 +78,8 @@ def parse_args(argv: list[str] | None = None) -> MedusaRunConfig:
     return load_config(MedusaRunConfig, args.config, args.overrides)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    try:
-        cfg = parse_args(argv)
-    except ConfigError as exc:
-        sys.exit(f"config error: {exc}")
+def train(cfg: MedusaRunConfig) -> dict:
+    """Train and export Medusa-1 heads; returns the final held-out metrics per head."""
     acc = make_accelerator(cfg.train)
     target, tokenizer = load_target(cfg.model, device=acc.device)
     freeze(target)
@@ -92,8 +89,9 @@ def main(argv: list[str] | None = None) -> dict:
         with acc.main_process_first():
             train_data, eval_data = build_datasets(cfg.data, tokenizer, cfg.model)
     else:
-        train_data = load_cached_features(Path(cfg.features) / "train", expect_meta={"model": cfg.model})
-        eval_data = load_cached_features(Path(cfg.features) / "heldout", expect_meta={"model": cfg.model})
+        meta = {"model": cfg.model, "data": dataclasses.asdict(cfg.data)}
+        train_data = load_cached_features(Path(cfg.features) / "train", expect_meta=meta)
+        eval_data = load_cached_features(Path(cfg.features) / "heldout", expect_meta=meta)
     acc.print(f"{len(train_data)} training / {len(eval_data)} held-out sequences, "
               f"{acc.num_processes} process(es) on {acc.device}, features: {cfg.features}")
     method = MedusaMethod(heads, target, head_weights(cfg.heads.num_heads, cfg.loss.decay, cfg.loss.weights))
@@ -105,6 +103,15 @@ def main(argv: list[str] | None = None) -> dict:
                       f"top-5 {metrics[f'head{k}/top5']:.3f}")
         print(f"exported to {cfg.train.output_dir}")
     return metrics
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Command line: bad input ends with a one-line ``error: ...`` and exit status 2."""
+    try:
+        return train(parse_args(argv))
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

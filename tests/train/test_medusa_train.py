@@ -1,0 +1,162 @@
+"""End-to-end Medusa-1 training on the tiny config: learning, export, resume, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from headway.heads import MedusaHeads, load_drafter
+from headway.train.config import load_config
+from headway.train.medusa import MedusaRunConfig, train
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "medusa" / "tiny.yaml"
+
+
+def tiny_cfg(out, *overrides):
+    return load_config(MedusaRunConfig, TINY, [f"train.output_dir={out}", *overrides])
+
+
+def _metrics(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_training_learns_and_exports(tmp_path):
+    out = tmp_path / "run"
+    final = train(tiny_cfg(out))
+    evals = [m for m in _metrics(out) if "eval/head0/loss" in m]
+    before, after = evals[0], evals[-1]
+    assert before["step"] == 0 and after["step"] > 0
+    for k in range(3):  # held-out loss falls clearly for every head
+        assert after[f"eval/head{k}/loss"] < 0.6 * before[f"eval/head{k}/loss"], (before, after)
+        assert after[f"eval/head{k}/top1"] > before[f"eval/head{k}/top1"] + 0.1
+        assert final[f"head{k}/top5"] >= final[f"head{k}/top1"]
+    # the export is a loadable drafter with a model card and the metrics
+    heads = load_drafter(out)
+    assert isinstance(heads, MedusaHeads) and heads.config.num_heads == 3
+    assert heads.config.base_model_name_or_path == "tiny-random-llama"
+    assert "head0/top1" in (out / "README.md").read_text()
+    assert json.loads((out / "eval_metrics.json").read_text()) == final
+    assert list((out / "headway").rglob("events.out.tfevents*")), "TensorBoard events were not written"
+    assert any(m.get("tokens_per_s", 0) > 0 for m in _metrics(out))
+
+
+def _launch(out, *overrides, module=True):
+    cmd = [sys.executable, "-m", "headway.train.medusa"] if module else [sys.executable, str(ROOT / "train" / "medusa.py")]
+    cmd += ["--config", str(TINY), f"train.output_dir={out}", "train.trackers=[]", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_kill_and_resume_equals_uninterrupted(tmp_path):
+    """SIGKILL mid-run, rerun the same command: final weights equal an uninterrupted run's."""
+    steps = ["train.epochs=6", "train.save_every=10"]
+    ref = _launch(tmp_path / "ref", *steps)
+    assert ref.wait(timeout=300) == 0, ref.stdout.read()
+
+    out = tmp_path / "killed"
+    proc = _launch(out, *steps, module=False)  # also covers running the entry point by path
+    ckpts = out / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (ckpts.is_dir() and any(p.name == "step-0000030" for p in ckpts.iterdir())):
+        if proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (out / "model.safetensors").exists()
+
+    resumed = _launch(out, *steps)
+    log, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, log
+    assert "resumed from" in log
+    a, b = load_file(str(tmp_path / "ref" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # metrics were not duplicated by the rerun
+    steps_logged = [m["step"] for m in _metrics(out) if "loss" in m]
+    assert steps_logged == sorted(set(steps_logged))
+
+
+@pytest.mark.multiprocess
+def test_two_process_cpu_ddp_stays_in_sync(tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(ROOT / "train" / "medusa.py"), "--config", str(TINY), f"train.output_dir={out}",
+           "train.trackers=[]", "train.max_steps=12", "train.batch_size=8"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": "29517"}
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    info = json.loads((out / "distributed.json").read_text())
+    assert info["num_processes"] == 2 and "MULTI" in info["distributed_type"]
+    rank0, rank1 = info["fingerprints"]
+    assert rank0 == rank1, "ranks diverged: gradients were not synchronised"
+    # and the parameters actually moved from their initialisation
+    assert any(abs(v) > 0 for v in rank0)
+
+
+def test_output_dir_with_another_run_is_refused(tmp_path):
+    out = tmp_path / "run"
+    train(tiny_cfg(out, "train.max_steps=3", "train.trackers=[]"))
+    with pytest.raises(ValueError, match="different run.*overwrite=true"):
+        train(tiny_cfg(out, "train.max_steps=3", "train.trackers=[]", "train.lr=1e-2"))
+    train(tiny_cfg(out, "train.max_steps=3", "train.trackers=[]", "train.lr=1e-2", "train.overwrite=true"))
+    assert json.loads((out / "run_config.json").read_text())["train"]["lr"] == 1e-2
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        train(tiny_cfg(stray, "train.max_steps=3", "train.trackers=[]"))
+
+
+def test_empty_data_and_not_a_causal_lm(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(ValueError, match="no training examples"):
+        train(tiny_cfg(tmp_path / "a", f"data.source={empty}", "train.trackers=[]"))
+    from transformers import ViTConfig
+
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path / "vit")
+    with pytest.raises(ValueError, match="not a causal language model"):
+        train(tiny_cfg(tmp_path / "b", f"model={tmp_path / 'vit'}", "train.trackers=[]"))
+    with pytest.raises(ValueError, match="cannot load a model config"):
+        train(tiny_cfg(tmp_path / "c", f"model={tmp_path / 'nothing-here'}", "train.trackers=[]"))
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "headway.train.medusa", "--config", str(TINY), "train.bogus=1"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "unknown config key 'train.bogus'" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_training_on_cached_features_matches_online(tmp_path):
+    """Features cached to safetensors shards give the same training as online features."""
+    from headway.heads.target import load_target
+    from headway.train.data import build_datasets
+    from headway.train.features import cache_features
+
+    cfg = tiny_cfg(tmp_path / "online", "train.max_steps=6", "train.trackers=[]")
+    target, tok = load_target(cfg.model)
+    tr, ho = build_datasets(cfg.data, tok, cfg.model)
+    import dataclasses
+
+    meta = {"model": cfg.model, "data": dataclasses.asdict(cfg.data)}
+    cache_features(target, tr, tmp_path / "feats" / "train", meta=meta, shard_size=100)
+    cache_features(target, ho, tmp_path / "feats" / "heldout", meta=meta)
+    online = train(cfg)
+    cached = train(tiny_cfg(tmp_path / "cached", "train.max_steps=6", "train.trackers=[]",
+                            f"features={tmp_path / 'feats'}"))
+    for k, v in online.items():
+        assert cached[k] == pytest.approx(v, rel=1e-4, abs=1e-5), k
+    with pytest.raises(ValueError, match="recreate the cache"):
+        train(tiny_cfg(tmp_path / "bad", "train.max_steps=2", "train.trackers=[]", "data.max_length=32",
+                       f"features={tmp_path / 'feats'}"))
