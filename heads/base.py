@@ -64,6 +64,9 @@ class DrafterConfig:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"{source}: unknown {cls.__name__} key(s) {unknown}; known keys: {sorted(names)}")
+        missing = sorted(names - set(data) - {"base_model_name_or_path"})
+        if missing:  # a default would silently give the drafter another shape
+            raise ValueError(f"{source} lacks {cls.__name__} key(s) {missing}; re-export the drafter")
         return cls(**data)
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterable
-
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -85,7 +83,6 @@ def cache_features(target, examples: list[dict], out_dir: str | Path, *, meta: d
         if path.is_file():
             continue
         part = examples[start:start + shard_size]
-        hidden = []
         # sort by length inside the shard so padding stays small, then restore order
         order = sorted(range(len(part)), key=lambda i: len(part[i]["input_ids"]))
         per_example: dict[int, torch.Tensor] = {}
@@ -142,8 +139,3 @@ def load_cached_features(out_dir: str | Path, expect_meta: dict | None = None) -
                              "loss_mask": shard["loss_mask"][a:b].long().tolist(),
                              "hidden": shard["hidden"][a:b]})
     return examples
-
-
-def iter_batches(examples: list[dict], batch_size: int) -> Iterable[list[dict]]:
-    for i in range(0, len(examples), batch_size):
-        yield examples[i:i + batch_size]

@@ -73,9 +73,13 @@ class MedusaMethod:
 def parse_args(argv: list[str] | None = None) -> MedusaRunConfig:
     parser = argparse.ArgumentParser(description="Train Medusa-1 heads on a frozen target.")
     parser.add_argument("--config", help="YAML run config (e.g. configs/medusa/smollm2-135m.yaml)")
+    parser.add_argument("--model", help="target: Hub id, local folder or smollm2-135m (same as model=...)")
+    parser.add_argument("--data", help="data: default, packaged, a local json/jsonl/parquet file or a Hub dataset "
+                                       "(same as data.source=...)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=3e-4 heads.num_heads=3")
     args = parser.parse_args(argv)
-    return load_config(MedusaRunConfig, args.config, args.overrides)
+    shortcuts = [f"model={args.model}"] * bool(args.model) + [f"data.source={args.data}"] * bool(args.data)
+    return load_config(MedusaRunConfig, args.config, [*shortcuts, *args.overrides])
 
 
 def train(cfg: MedusaRunConfig) -> dict:

@@ -106,7 +106,12 @@ def test_foreign_or_mismatched_checkpoint(tiny_llama, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="missing"):
         load_drafter(tmp_path)
-    cfg["num_heads"], cfg["bogus"] = 2, 1
+    cfg["num_heads"] = 2
+    del cfg["hidden_size"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="lacks .*hidden_size"):
+        load_drafter(tmp_path)
+    cfg["hidden_size"], cfg["bogus"] = target.config.hidden_size, 1
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="bogus"):
         load_drafter(tmp_path)
@@ -128,3 +133,32 @@ def test_load_from_hub_cache_offline(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     loaded = load_drafter("someone/tiny-medusa", cache_dir=str(cache))
     assert all(torch.equal(a, b) for a, b in zip(heads.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_push_to_hub_uploads_config_weights_and_card(tiny_llama, monkeypatch):
+    """push_to_hub goes through huggingface_hub's HfApi; the upload is captured, nothing leaves."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi
+
+    uploaded = {}
+
+    def fake_upload_folder(self, *, repo_id, folder_path, **kwargs):
+        from pathlib import Path
+
+        uploaded.update({p.name: p.read_bytes() for p in Path(folder_path).iterdir()})
+        uploaded["repo_id"] = repo_id
+        return "https://hub.invalid/commit"
+
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: SimpleNamespace(repo_id=repo_id))
+    monkeypatch.setattr(HfApi, "upload_folder", fake_upload_folder)
+    target, _ = tiny_llama
+    heads = MedusaHeads.from_target(target, MedusaConfig(num_heads=2))
+    heads.push_to_hub("someone/tiny-medusa")
+    assert uploaded["repo_id"] == "someone/tiny-medusa"
+    assert json.loads(uploaded["config.json"])["drafter_type"] == "medusa"
+    assert b"library_name: headway" in uploaded["README.md"]
+    from safetensors.torch import load
+
+    state = load(uploaded["model.safetensors"])
+    assert all(torch.equal(state[k], v) for k, v in heads.state_dict().items())

@@ -62,3 +62,11 @@ def test_unknown_key_in_yaml_file(tmp_path):
         load_config(MedusaRunConfig, path)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(MedusaRunConfig, tmp_path / "missing.yaml")
+
+
+def test_model_and_data_flags():
+    from headway.train.medusa import parse_args
+
+    cfg = parse_args(["--config", str(CONFIGS / "medusa" / "tiny.yaml"), "--model", "org/model", "--data", "x.jsonl",
+                      "train.lr=0.5"])
+    assert (cfg.model, cfg.data.source, cfg.train.lr) == ("org/model", "x.jsonl", 0.5)

@@ -1,0 +1,93 @@
+"""One forward over a flattened tree through a model's public arguments only.
+
+Per TRANSFORMERS.md (measured on Llama, Qwen2 and GPT-2 in transformers 5.24): a 4D float additive
+mask [1, 1, N, P + N] of 0 / finfo.min and 2D ``position_ids = P + depth`` give each tree node
+exactly the result of a causal run over its own root-to-node path. A bool or 2D mask, or missing
+position_ids, is silently wrong, so both are always built here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headway.inference.tree import Tree
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def check_attention(model) -> None:
+    """Refuse attention kernels that ignore a custom 4D mask (flash-attention would silently be wrong)."""
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl not in SUPPORTED_ATTENTION:
+        raise ValueError(f"tree verification needs a 4D attention mask, which attn_implementation={impl!r} does not honour; "
+                         f"load the model with attn_implementation='sdpa' or 'eager' (or call model.set_attn_implementation('sdpa'))")
+
+
+def padded_tree_tensors(tree: Tree, width: int, device: torch.device, dtype: torch.dtype):
+    """(additive mask [W, W], depths [W]) for ``tree`` padded to ``width`` >= tree.size nodes.
+
+    Padding nodes see only the prefix and themselves (depth 0); no real node sees them, and the
+    cache compaction drops them. Memoised on the tree.
+    """
+    key = ("padded", width, device, dtype)
+    memo = tree._device_cache
+    if key not in memo:
+        mask, depths = tree.device_tensors(device, dtype)  # [N, N], [N]
+        n = tree.size
+        if width > n:
+            full = torch.full((width, width), torch.finfo(dtype).min, dtype=dtype, device=device)
+            full[:n, :n] = mask
+            full.diagonal()[n:] = 0.0
+            mask = full
+            depths = torch.cat([depths, depths.new_zeros(width - n)])
+        memo[key] = (mask, depths)
+    return memo[key]
+
+
+def verify_width(n: int, pad_to: int) -> int:
+    """Widths 2..pad_to-1 are padded to ``pad_to``: on CPU the 2-3 row output projection hits a
+    slow path that costs more than 4 rows (PERFORMANCE.md)."""
+    return pad_to if 1 < n < pad_to else n
+
+
+def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int, *, output_hidden: bool = False,
+                 pad_to: int = 1):
+    """Run ``model`` over the tree's nodes appended to a cache holding ``prefix_len`` tokens.
+
+    tokens: [N] long (node 0 first) on the model's device. The cache grows by the padded width W;
+    the caller compacts it. Returns (logits [N, V], final-norm hidden states [N, H] or None, W).
+    """
+    n = tokens.shape[0]
+    width = verify_width(n, pad_to)
+    device, dtype = tokens.device, model.dtype
+    mask, depths = padded_tree_tensors(tree, width, device, dtype)  # [W, W], [W]
+    if width > n:
+        tokens = torch.cat([tokens, tokens[:1].expand(width - n)])
+    full = torch.zeros((1, 1, width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all
+    full[0, 0, :, prefix_len:] = mask
+    out = model(input_ids=tokens[None], position_ids=(depths + prefix_len)[None], attention_mask=full,
+                cache=cache, use_cache=True, output_hidden_states=output_hidden)
+    logits = out.logits[0, :n]
+    hidden = out.hidden_states[-1][0, :n] if output_hidden else None
+    return logits, hidden, width
+
+
+def prefill(model, cache, input_ids: torch.Tensor, *, output_hidden: bool = False):
+    """Causal forward over ``input_ids`` [1, T] into an empty cache.
+
+    Returns (logits of the last position [V], its final-norm hidden state [H] or None).
+    """
+    t = input_ids.shape[1]
+    positions = torch.arange(t, device=input_ids.device)[None]
+    out = model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True,
+                output_hidden_states=output_hidden, logits_to_keep=1)
+    hidden = out.hidden_states[-1][0, -1] if output_hidden else None
+    return out.logits[0, -1], hidden
+
+
+def chain_forward(model, cache, tokens: torch.Tensor, prefix_len: int):
+    """Causal forward over ``tokens`` [T] appended to a cache of ``prefix_len``; logits of the last token [V]."""
+    t = tokens.shape[0]
+    positions = torch.arange(prefix_len, prefix_len + t, device=tokens.device)[None]
+    out = model(input_ids=tokens[None], position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1]

@@ -1,0 +1,95 @@
+"""One verification pass over a tree equals causal runs over every root-to-node path; compaction
+keeps exactly the accepted path (Llama, Qwen2, GPT-2; sdpa and eager)."""
+
+import pytest
+import torch
+
+from headway.heads.tiny import build_tiny_target
+from headway.inference.kv_cache import check_compactable, compact_cache, new_cache
+from headway.inference.tree import load_tree
+from headway.inference.tree_attention import check_attention, prefill, tree_forward
+
+FAMILIES = ["llama", "qwen2", "gpt2"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request):
+    model, _ = build_tiny_target(request.param, seed=3)
+    return model.to(torch.float64)
+
+
+def _causal_logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids[None], attention_mask=torch.ones_like(ids)[None]).logits[0]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("tree_name", ["tree-15", "chain-2"])
+def test_tree_pass_matches_causal_paths(family_model, attn, tree_name):
+    model = family_model
+    model.set_attn_implementation(attn)
+    check_attention(model)
+    tree = load_tree(tree_name)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(4, 200, (9,), generator=g)
+    nodes = torch.randint(4, 200, (tree.size,), generator=g)
+    nodes[0] = prompt[-1]
+    cache = new_cache(model)
+    with torch.no_grad():
+        prefill(model, cache, prompt[None, :-1])
+        logits, hidden, width = tree_forward(model, cache, tree, nodes, prefix_len=8, output_hidden=True, pad_to=4)
+    assert width == max(tree.size, 4) and cache.get_seq_length() == 8 + width
+    for i in range(tree.size):
+        path = [i]
+        while path[-1] != 0:
+            path.append(tree.parents[path[-1]])
+        ids = torch.cat([prompt[:-1], nodes[path[::-1]]])
+        torch.testing.assert_close(logits[i], _causal_logits(model, ids)[-1], rtol=0, atol=1e-10)
+    # the final-norm hidden state feeds lm_head
+    torch.testing.assert_close(model.get_output_embeddings()(hidden), logits, rtol=0, atol=1e-10)
+    model.set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize("keep_leaf", [3, 14])
+def test_compaction_leaks_nothing(family_model, keep_leaf):
+    model = family_model
+    tree = load_tree("tree-15")
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(4, 200, (7,), generator=g)
+    nodes = torch.randint(4, 200, (tree.size,), generator=g)
+    nodes[0] = prompt[-1]
+    cache = new_cache(model)
+    with torch.no_grad():
+        prefill(model, cache, prompt[None, :-1])
+        tree_forward(model, cache, tree, nodes, prefix_len=6)
+        path = [keep_leaf]
+        while path[-1] != 0:
+            path.append(tree.parents[path[-1]])
+        path = path[::-1]
+        compact_cache(cache, 6, path, tree.size)
+        assert cache.get_seq_length() == 6 + len(path)
+        # the next forward (two tokens) sees exactly prompt + accepted path
+        nxt = torch.tensor([11, 12])
+        out = model(input_ids=nxt[None], position_ids=torch.arange(6 + len(path), 8 + len(path))[None],
+                    cache=cache, use_cache=True).logits[0]
+    fresh = _causal_logits(model, torch.cat([prompt[:-1], nodes[path], nxt]))[-2:]
+    torch.testing.assert_close(out, fresh, rtol=0, atol=1e-10)
+
+
+def test_sliding_window_cache_refused():
+    from transformers import DynamicCache, MistralConfig
+
+    cfg = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=64, sliding_window=16)
+    with pytest.raises(ValueError, match="sliding"):
+        check_compactable(DynamicCache(config=cfg))
+
+
+def test_flash_attention_refused(tiny_llama):
+    model, _ = tiny_llama
+    model.config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(ValueError, match="4D attention mask"):
+            check_attention(model)
+    finally:
+        model.config._attn_implementation = "sdpa"
