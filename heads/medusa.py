@@ -4,6 +4,11 @@ Head k (0-based) predicts the token k+2 positions ahead of the feature it reads:
 ``logits_k = W2_k (r_k(h))`` with ``r_k`` a stack of ResBlocks ``x + SiLU(W1 x + b1)``, W1 zero at
 init (so every head starts as the target's own next-token head), W2 copied from the target's
 lm_head, or shared with the frozen target lm_head to save memory ("version 2" layout).
+
+Optional reduced draft vocabulary (EAGLE-3's d2t idea applied to Medusa): the heads score only
+the ``draft_vocab_size`` most frequent tokens of the training data. On a CPU the full vocabulary
+projection is most of a head's cost; drafts outside the reduced set are simply never proposed,
+which keeps verification exact (it only changes which candidates are tried).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ class MedusaConfig(DrafterConfig):
     num_heads: int = 4  # heads; head k predicts token t+k+2
     num_layers: int = 1  # ResBlocks per head, each with its own weights
     share_lm_head: bool = False  # True: no own vocabulary projection, use the target's (frozen) lm_head
+    draft_vocab_size: int | None = None  # score only this many target tokens (None: the full vocabulary)
 
     drafter_type_name = "medusa"
 
@@ -28,6 +34,13 @@ class MedusaConfig(DrafterConfig):
         super().__post_init__()
         if self.num_heads < 1 or self.num_layers < 0:
             raise ValueError(f"num_heads must be >= 1 and num_layers >= 0, got {self.num_heads}, {self.num_layers}")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
+
+    @property
+    def output_size(self) -> int:
+        """Width of each head's logits: the draft vocabulary if reduced, else the target's."""
+        return self.draft_vocab_size or self.vocab_size
 
 
 class ResBlock(nn.Module):
@@ -45,52 +58,94 @@ class ResBlock(nn.Module):
 
 @register_drafter
 class MedusaHeads(Drafter):
-    """``heads(hidden [B, T, H]) -> logits [num_heads, B, T, V]``; head k predicts token t+k+2."""
+    """``heads(hidden [B, T, H]) -> logits [num_heads, B, T, V']``; head k predicts token t+k+2.
+
+    ``V'`` is the target vocabulary, or the draft vocabulary when ``draft_vocab_size`` is set;
+    ``to_target_ids`` maps draft indices back to target token ids (identity otherwise).
+    """
 
     config_class = MedusaConfig
 
     def __init__(self, config: MedusaConfig):
         super().__init__(config)
-        h, v = config.hidden_size, config.vocab_size
+        h = config.hidden_size
         self.blocks = nn.ModuleList(
             nn.Sequential(*[ResBlock(h) for _ in range(config.num_layers)]) for _ in range(config.num_heads)
         )
         self.lm_heads = None if config.share_lm_head else nn.ModuleList(
-            nn.Linear(h, v, bias=False) for _ in range(config.num_heads)
+            nn.Linear(h, config.output_size, bias=False) for _ in range(config.num_heads)
         )
-        self._shared = ()  # the target's lm_head when shared: held outside the state dict
+        if config.draft_vocab_size:
+            # d2t as in EAGLE-3: target_id = draft_id + d2t[draft_id]
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        else:
+            self.d2t = None
+        self._shared = ()  # (weight [V', H],) of the target's lm_head when shared: not in the state dict
 
     @classmethod
-    def from_target(cls, target_model, config: MedusaConfig | None = None, **overrides) -> "MedusaHeads":
-        """Heads sized for ``target_model``: vocabulary projections copied from (or shared with) its lm_head."""
+    def from_target(cls, target_model, config: MedusaConfig | None = None, draft_tokens: torch.Tensor | None = None,
+                    **overrides) -> "MedusaHeads":
+        """Heads sized for ``target_model``, projections copied from (or shared with) its lm_head.
+
+        ``draft_tokens``: target ids of the reduced draft vocabulary (needed when
+        ``draft_vocab_size`` is set), e.g. ``frequent_tokens(train_data, n)``.
+        """
         tcfg = target_model.config.get_text_config()
         fields = {"hidden_size": tcfg.hidden_size, "vocab_size": tcfg.vocab_size,
                   "base_model_name_or_path": getattr(tcfg, "_name_or_path", None) or None}
         base = dataclasses.asdict(config) if config is not None else {}
         heads = cls(MedusaConfig(**{**base, **fields, **overrides}))
+        if heads.d2t is not None:
+            if draft_tokens is None or len(draft_tokens) != heads.config.draft_vocab_size:
+                raise ValueError(f"draft_vocab_size={heads.config.draft_vocab_size} needs as many draft token ids, "
+                                 f"got {None if draft_tokens is None else len(draft_tokens)}")
+            ids = torch.as_tensor(draft_tokens, dtype=torch.long).sort().values
+            heads.d2t.copy_(ids - torch.arange(len(ids)))
         heads.init_from_target(target_model)
         return heads
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """Target ids of the draft vocabulary ([V'] long), or None for the full vocabulary."""
+        return None if self.d2t is None else self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map indices into the heads' logits to target token ids."""
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+    def target_to_draft(self) -> torch.Tensor | None:
+        """[V] long: the draft index of each target token, -1 where it is outside the draft vocabulary."""
+        if self.d2t is None:
+            return None
+        t2d = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+        t2d[self.draft_token_ids] = torch.arange(len(self.d2t), device=self.d2t.device)
+        return t2d
+
+    def _target_rows(self, weight: torch.Tensor) -> torch.Tensor:
+        # [V, H] -> [V', H]: the lm_head rows of the draft vocabulary
+        return weight if self.d2t is None else weight[self.draft_token_ids.to(weight.device)]
 
     def init_from_target(self, target_model) -> None:
         """Copy the target's lm_head into every head's projection, or bind it when shared."""
         self.check_target(target_model)
-        lm_head = target_model.get_output_embeddings()
         if self.lm_heads is None:
-            self.bind_lm_head(lm_head)
+            self.bind_target(target_model)
             return
+        weight = target_model.get_output_embeddings().weight
         with torch.no_grad():
             for proj in self.lm_heads:
-                proj.weight.copy_(lm_head.weight.to(proj.weight.dtype))
-
-    def bind_lm_head(self, lm_head: nn.Module) -> None:
-        """Use ``lm_head`` (the frozen target's) as every head's projection; it is not saved with the heads."""
-        self._shared = (lm_head,)
+                proj.weight.copy_(self._target_rows(weight).to(proj.weight.dtype))
 
     def bind_target(self, target_model) -> "MedusaHeads":
-        """Check shapes against the target and bind its lm_head when the heads share it."""
+        """Check shapes against the target and, when the heads share its lm_head, bind it (not saved)."""
         self.check_target(target_model)
         if self.lm_heads is None:
-            self.bind_lm_head(target_model.get_output_embeddings())
+            lm_head = target_model.get_output_embeddings()
+            if getattr(lm_head, "bias", None) is not None:
+                raise ValueError("share_lm_head needs a target lm_head without bias; train with share_lm_head=false")
+            weight = lm_head.weight.detach()
+            # a reduced vocabulary is sliced once here, not on every call
+            self._shared = (self._target_rows(weight).contiguous() if self.d2t is not None else weight,)
         return self
 
     def head_features(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
@@ -98,17 +153,17 @@ class MedusaHeads(Drafter):
         return self.blocks[k](hidden)
 
     def project(self, features: torch.Tensor, k: int) -> torch.Tensor:
-        # features: [..., H] -> [..., V]
+        # features: [..., H] -> [..., V']
         if self.lm_heads is not None:
             return self.lm_heads[k](features)
         if not self._shared:
             raise RuntimeError("these Medusa heads share the target's lm_head: call heads.bind_target(target_model) first")
-        return self._shared[0](features)
+        return nn.functional.linear(features, self._shared[0].to(features.dtype))
 
     def head_logits(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
-        """Logits of head k only: [..., H] -> [..., V] (training uses this to keep memory flat)."""
+        """Logits of head k only: [..., H] -> [..., V'] (training uses this to keep memory flat)."""
         return self.project(self.head_features(hidden, k), k)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # hidden_states: [B, T, H] -> [num_heads, B, T, V]
+        # hidden_states: [B, T, H] -> [num_heads, B, T, V']
         return torch.stack([self.head_logits(hidden_states, k) for k in range(self.config.num_heads)])

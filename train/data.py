@@ -480,3 +480,20 @@ def build_datasets(cfg: DataConfig, tokenizer, model_name: str) -> tuple[list[di
     train, heldout = [examples[i] for i in train_idx], [examples[i] for i in held_idx]
     _atomic_write_json(cache_path, {"train": train, "heldout": heldout})
     return train, heldout
+
+
+def frequent_tokens(examples: list[dict], n: int) -> list[int]:
+    """The ``n`` most frequent assistant (loss-masked) token ids of ``examples``, most frequent first.
+
+    Used as a reduced draft vocabulary; ties break by token id so the choice is deterministic.
+    """
+    counts: dict[int, int] = {}
+    for e in examples:
+        for tok, m in zip(e["input_ids"], e["loss_mask"]):
+            if m:
+                counts[tok] = counts.get(tok, 0) + 1
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    if len(ranked) < n:
+        raise ValueError(f"draft_vocab_size={n} but the training data has only {len(ranked)} distinct assistant "
+                         "tokens; lower heads.draft_vocab_size or add data")
+    return ranked[:n]

@@ -28,11 +28,13 @@ def topk_counts(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, 
 
 
 def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                weights: list[float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                weights: list[float], t2d: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted Medusa loss and per-head counts.
 
     hidden: [B, T, H] target features; input_ids, loss_mask: [B, T]. Head k at position t is
-    trained on token t+k+2 where that token is an assistant token (loss_mask 1).
+    trained on token t+k+2 where that token is an assistant token (loss_mask 1). With a reduced
+    draft vocabulary, ``t2d`` [V] maps target ids to draft indices (-1 outside): such labels carry
+    no loss but count as misses in the accuracy, which stays comparable with a full vocabulary.
     """
     num_heads = len(weights)
     total = hidden.new_zeros((), dtype=torch.float32)
@@ -44,13 +46,15 @@ def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask:
         mask = loss_mask[:, shift:].reshape(-1).bool()  # [N]
         feats = hidden[:, :-shift].reshape(-1, hidden.shape[-1])[mask]  # [n, H]: only rows that count
         labels = input_ids[:, shift:].reshape(-1)[mask]  # [n]
+        if t2d is not None:
+            labels = t2d[labels]  # -1: not in the draft vocabulary
         n = mask.sum()
         if feats.shape[0] == 0:
             metrics.update({f"head{k}/loss_sum": n.float() * 0, f"head{k}/top1": n * 0, f"head{k}/top5": n * 0,
                             f"head{k}/count": n})
             continue
         logits = heads.head_logits(feats, k).float()  # [n, V]
-        ce = F.cross_entropy(logits, labels, reduction="sum")
+        ce = F.cross_entropy(logits, labels, reduction="sum", ignore_index=-1)
         total = total + weights[k] * ce / n
         with torch.no_grad():
             top1, top5 = topk_counts(logits, labels, torch.ones_like(labels, dtype=torch.bool))

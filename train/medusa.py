@@ -21,7 +21,7 @@ import torch
 from headway.heads import MedusaConfig, MedusaHeads
 from headway.heads.target import freeze, load_target
 from headway.train.config import ConfigError, load_config, to_dict
-from headway.train.data import DataConfig, build_datasets
+from headway.train.data import DataConfig, build_datasets, frequent_tokens
 from headway.train.features import last_hidden_state, load_cached_features
 from headway.train.loop import TrainConfig, make_accelerator, run_training
 from headway.train.losses import head_weights, medusa_loss
@@ -51,13 +51,14 @@ class MedusaTrainingModule(torch.nn.Module):
         self.heads = heads
         self._target = (target,)  # not a submodule: never wrapped, saved or trained
         self.weights = weights
+        self.register_buffer("t2d", heads.target_to_draft(), persistent=False)  # None for a full vocabulary
 
     def forward(self, batch: dict[str, torch.Tensor]):
         hidden = batch.get("hidden")
         if hidden is None:
             hidden = last_hidden_state(self._target[0], batch["input_ids"], batch["attention_mask"])
         hidden = hidden.float()  # cached features may be stored in half precision
-        return medusa_loss(self.heads, hidden, batch["input_ids"], batch["loss_mask"], self.weights)
+        return medusa_loss(self.heads, hidden, batch["input_ids"], batch["loss_mask"], self.weights, self.t2d)
 
 
 class MedusaMethod:
@@ -87,8 +88,6 @@ def train(cfg: MedusaRunConfig) -> dict:
     acc = make_accelerator(cfg.train)
     target, tokenizer = load_target(cfg.model, device=acc.device)
     freeze(target)
-    heads = MedusaHeads.from_target(target, cfg.heads, base_model_name_or_path=cfg.model)
-    heads.to(acc.device)
     if cfg.features == "online":
         with acc.main_process_first():
             train_data, eval_data = build_datasets(cfg.data, tokenizer, cfg.model)
@@ -96,6 +95,9 @@ def train(cfg: MedusaRunConfig) -> dict:
         meta = {"model": cfg.model, "data": dataclasses.asdict(cfg.data)}
         train_data = load_cached_features(Path(cfg.features) / "train", expect_meta=meta)
         eval_data = load_cached_features(Path(cfg.features) / "heldout", expect_meta=meta)
+    draft_tokens = frequent_tokens(train_data, cfg.heads.draft_vocab_size) if cfg.heads.draft_vocab_size else None
+    heads = MedusaHeads.from_target(target, cfg.heads, draft_tokens=draft_tokens, base_model_name_or_path=cfg.model)
+    heads.to(acc.device)
     acc.print(f"{len(train_data)} training / {len(eval_data)} held-out sequences, "
               f"{acc.num_processes} process(es) on {acc.device}, features: {cfg.features}")
     method = MedusaMethod(heads, target, head_weights(cfg.heads.num_heads, cfg.loss.decay, cfg.loss.weights))

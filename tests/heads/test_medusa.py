@@ -162,3 +162,28 @@ def test_push_to_hub_uploads_config_weights_and_card(tiny_llama, monkeypatch):
 
     state = load(uploaded["model.safetensors"])
     assert all(torch.equal(state[k], v) for k, v in heads.state_dict().items())
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_reduced_draft_vocabulary(tiny_llama, tmp_path, share):
+    target, _ = tiny_llama
+    V, H = target.config.vocab_size, target.config.hidden_size
+    draft = torch.tensor([40, 7, 12, 100, 3])
+    heads = MedusaHeads.from_target(target, MedusaConfig(num_heads=2, draft_vocab_size=5, share_lm_head=share),
+                                    draft_tokens=draft)
+    hidden = torch.randn(1, 4, H)
+    logits = heads(hidden)
+    assert logits.shape == (2, 1, 4, 5)
+    ids = heads.draft_token_ids
+    assert ids.tolist() == sorted(draft.tolist())
+    # at init each head equals the target's logits restricted to the draft tokens
+    torch.testing.assert_close(logits[0], target.lm_head(hidden)[..., ids])
+    assert heads.to_target_ids(torch.tensor([0, 4])).tolist() == [3, 100]
+    t2d = heads.target_to_draft()
+    assert t2d.shape == (V,) and t2d[100] == 4 and t2d[0] == -1
+    heads.save_pretrained(tmp_path)
+    loaded = load_drafter(tmp_path).bind_target(target)
+    assert torch.equal(loaded.draft_token_ids, ids)
+    torch.testing.assert_close(loaded(hidden), logits)
+    with pytest.raises(ValueError, match="draft token ids"):
+        MedusaHeads.from_target(target, MedusaConfig(num_heads=2, draft_vocab_size=5))

@@ -160,3 +160,18 @@ def test_training_on_cached_features_matches_online(tmp_path):
     with pytest.raises(ValueError, match="recreate the cache"):
         train(tiny_cfg(tmp_path / "bad", "train.max_steps=2", "train.trackers=[]", "data.max_length=32",
                        f"features={tmp_path / 'feats'}"))
+
+
+def test_reduced_draft_vocabulary_training(tmp_path):
+    from headway.train.data import frequent_tokens
+
+    final = train(tiny_cfg(tmp_path / "r", "heads.draft_vocab_size=48", "train.trackers=[]", "train.epochs=2"))
+    heads = load_drafter(tmp_path / "r")
+    assert heads.config.draft_vocab_size == 48 and heads.lm_heads[0].weight.shape[0] == 48
+    evals = [m for m in _metrics(tmp_path / "r") if "eval/head0/loss" in m]
+    assert evals[-1]["eval/head0/top1"] > evals[0]["eval/head0/top1"] + 0.1
+    assert 0 < final["head0/top1"] <= 1
+    ex = [{"input_ids": [5, 6, 6, 7, 7, 7], "loss_mask": [1, 1, 1, 1, 1, 0]}]
+    assert frequent_tokens(ex, 2) == [6, 7]  # 5 once, 6 and 7 twice each (the last 7 is unmasked)
+    with pytest.raises(ValueError, match="distinct assistant tokens"):
+        frequent_tokens(ex, 10)

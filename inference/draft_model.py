@@ -1,0 +1,119 @@
+"""The classic separate draft model (Leviathan et al. 2022, arXiv:2211.17192; Chen et al. 2023,
+arXiv:2302.01318): a small causal LM with the target's tokenizer drafts a chain of gamma tokens,
+or a tree of its top-k / without-replacement samples expanded level by level with tree attention.
+
+Its own KV cache always ends the round holding exactly the context (prompt + accepted tokens):
+draft entries are cropped off, and the next round first feeds the tokens it has not seen (the
+accepted ones and the target's bonus token) in one forward. That rolls back rejected drafts with
+no bookkeeping and costs the same number of draft forwards as keeping accepted entries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headway.inference.drafter import Draft, DraftContext, Drafter, root_only, sample_children
+from headway.inference.kv_cache import crop_to, new_cache
+from headway.inference.tree import Tree, chain
+from headway.inference.tree_attention import chain_forward, check_attention
+
+
+def vocab_size(model) -> int:
+    return model.config.get_text_config().vocab_size
+
+
+class DraftModelDrafter(Drafter):
+    """A transformers causal LM sharing the target's tokenizer; default tree: a chain of ``gamma``."""
+
+    def __init__(self, model, gamma: int = 4):
+        if gamma < 1:
+            raise ValueError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+        self.model = model.eval()
+        self.gamma = gamma
+        self._cache = None
+        self._cached = 0  # context tokens whose keys/values are in the cache
+
+    def bind(self, target_model) -> None:
+        target_vocab, draft_vocab = vocab_size(target_model), vocab_size(self.model)
+        if target_vocab != draft_vocab:
+            raise ValueError(f"draft model vocab_size {draft_vocab} does not match the target's vocab_size {target_vocab}: "
+                             "the draft model must share the target's tokenizer and vocabulary")
+        device = next(target_model.parameters()).device
+        if next(self.model.parameters()).device != device:
+            self.model.to(device)
+
+    def default_tree(self) -> Tree:
+        return chain(self.gamma)
+
+    def check_tree(self, tree: Tree) -> None:
+        if not tree.is_chain:
+            check_attention(self.model)  # tree drafting needs the 4D mask too
+
+    def reset(self) -> None:
+        self._cache = new_cache(self.model)
+        self._cached = 0
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> Draft:
+        if self._cache is None:
+            self.reset()
+        tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(ctx.max_depth)
+        length = ctx.tokens.shape[0]
+        if self._cached >= length:  # defensive: the root must be fed to get its distribution
+            crop_to(self._cache, length - 1)
+            self._cached = length - 1
+        logits = chain_forward(self.model, self._cache, ctx.tokens[self._cached:], self._cached)  # [V]
+        self._cached = length
+        if tree.size == 1:
+            return root_only(ctx)
+        if tree.is_chain:
+            draft = self._chain(ctx, tree, logits)
+        else:
+            draft = self._tree(ctx, tree, logits)
+        crop_to(self._cache, length)  # drop every draft entry: the cache holds the context only
+        return draft
+
+    def _chain(self, ctx: DraftContext, tree: Tree, logits: torch.Tensor) -> Draft:
+        length = ctx.tokens.shape[0]
+        tokens, q = [ctx.tokens[-1:]], {}
+        for d in range(tree.depth):
+            tok, dist = sample_children(logits[None], 1, ctx.sampling, ctx.generator)  # [1, 1], [1, V]
+            tokens.append(tok[0])
+            if dist is not None:
+                q[d] = dist[0]
+            if d + 1 < tree.depth:
+                logits = chain_forward(self.model, self._cache, tok[0], length + d)
+        return Draft(tree, torch.cat(tokens), q if ctx.sampling is not None else None)
+
+    def _tree(self, ctx: DraftContext, tree: Tree, root_logits: torch.Tensor) -> Draft:
+        """Expand depth by depth: feed the nodes of depth d that have children (one forward with a
+        tree mask over the cached context and the nodes fed so far), then pick their children."""
+        device, dtype = ctx.tokens.device, self.model.dtype
+        length = ctx.tokens.shape[0]
+        tokens = torch.empty(tree.size, dtype=torch.long, device=device)
+        tokens[0] = ctx.tokens[-1]
+        q = {}
+        fed: list[int] = []  # tree nodes (depth >= 1) in the cache, in feeding order
+        frontier, logits = [0], root_logits[None]  # nodes whose children are picked next, their logits [R, V]
+        while frontier:
+            most = max(len(tree.children[n]) for n in frontier)
+            k = max(most, max(tree.ranks[c] for n in frontier for c in tree.children[n]) + 1)
+            cand, dist = sample_children(logits, k, ctx.sampling, ctx.generator)  # [R, k], [R, V] | None
+            for row, node in enumerate(frontier):
+                for j, child in enumerate(tree.children[node]):
+                    # greedy: the rank-r token; sampling: the j-th draw without replacement
+                    tokens[child] = cand[row, tree.ranks[child] if dist is None else j]
+                if dist is not None:
+                    q[node] = dist[row]
+            frontier = [c for n in frontier for c in tree.children[n] if tree.children[c]]
+            if not frontier:
+                break
+            mask = tree.mask[frontier][:, fed + frontier]  # [R, F + R] ancestors among fed nodes and self
+            add = torch.zeros((1, 1, len(frontier), length + len(fed) + len(frontier)), dtype=dtype, device=device)
+            add[0, 0, :, length:] = (~mask).to(device).to(dtype) * torch.finfo(dtype).min
+            positions = torch.tensor([length - 1 + tree.depths[n] for n in frontier], device=device)[None]
+            out = self.model(input_ids=tokens[frontier][None], position_ids=positions, attention_mask=add,
+                             cache=self._cache, use_cache=True)
+            logits = out.logits[0]  # [R, V]
+            fed += frontier
+        return Draft(tree, tokens, q if ctx.sampling is not None else None)

@@ -1,0 +1,100 @@
+"""The one interface every drafter implements; the generator never knows which drafter it runs.
+
+Each round the generator hands the drafter a ``DraftContext`` (all tokens so far, the last one
+being the root; the target's final-norm hidden state that predicted the root; the tree budget;
+the sampling settings) and gets back a ``Draft``: a tree of candidate tokens and, when the
+candidates were sampled, the distributions q they were drawn from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from headway.inference.tree import Tree
+from headway.inference.verify import SamplingParams
+
+
+@dataclasses.dataclass
+class DraftContext:
+    tokens: torch.Tensor  # [L] every token so far (prompt + generated) on the target's device; tokens[-1] is the root
+    hidden: torch.Tensor | None  # [H] target's final-norm hidden state at position L-2 (it predicted the root); None if unknown
+    tree: Tree | None  # the generator's tree (static shape or a cap for dynamic drafters); None: the drafter's own
+    max_depth: int  # nodes deeper than this are useless this round (max_new_tokens budget)
+    sampling: SamplingParams | None  # None: greedy
+    generator: torch.Generator | None  # the only source of randomness
+
+
+@dataclasses.dataclass
+class Draft:
+    tree: Tree  # shape of the candidates; node 0 is the root
+    tokens: torch.Tensor  # [N] long, tokens[0] is the root token
+    q: torch.Tensor | None = None  # [N, V]: row i is the distribution node i's children were drawn from
+    # (without replacement, in rank order); None: deterministic candidates (top-k ranks, copied n-grams)
+
+
+class Drafter:
+    """Base class. Subclasses implement ``propose``; the rest has sensible defaults."""
+
+    needs_hidden: bool = False  # the generator then requests output_hidden_states in verification
+
+    def bind(self, target_model) -> None:
+        """Check compatibility with the target (vocabulary, hidden size) and move to its device."""
+
+    def default_tree(self) -> Tree | None:
+        """The tree used when the generator gets ``tree=None`` (None: the drafter builds its own)."""
+        return None
+
+    def check_tree(self, tree: Tree) -> None:
+        """Raise ValueError when ``tree`` asks for more than this drafter offers."""
+
+    def reset(self) -> None:
+        """Forget any per-sequence state (a new ``generate`` call starts)."""
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        raise NotImplementedError
+
+
+def root_only(ctx: DraftContext) -> Draft:
+    """The empty draft: verification then yields exactly one token, like plain decoding."""
+    return Draft(Tree([-1], name="root"), ctx.tokens[-1:].clone())
+
+
+def sample_children(logits: torch.Tensor, k: int, sampling: SamplingParams | None,
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Candidates for k children of each row of ``logits`` [R, V].
+
+    Greedy: the top-k tokens (deterministic, q None). Sampling: k draws without replacement from
+    q = softmax(process_logits(logits)) via Gumbel-top-k (equivalent to drawing one at a time and
+    renormalising), so the verifier's "remove the rejected candidate from q" matches how they were
+    drawn. Returns (tokens [R, k], q [R, V] or None).
+    """
+    if sampling is None:
+        return logits.topk(k, dim=-1).indices, None
+    from headway.inference.verify import probs
+
+    q = probs(logits, sampling)  # [R, V]
+    u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(1e-20, 1.0)
+    keys = q.log() - (-u.log()).log()  # log q + Gumbel; -inf where q == 0 (such draws are ignored by the verifier)
+    return keys.topk(k, dim=-1).indices, q
+
+
+def as_drafter(obj) -> Drafter:
+    """Wrap what the user passed: a Drafter, ``MedusaHeads``, or a transformers causal LM (draft model)."""
+    if isinstance(obj, Drafter):
+        return obj
+    from headway.heads.medusa import MedusaHeads
+
+    if isinstance(obj, MedusaHeads):
+        from headway.inference.medusa import MedusaDrafter
+
+        return MedusaDrafter(obj)
+    from transformers import PreTrainedModel
+
+    if isinstance(obj, PreTrainedModel) and hasattr(obj, "get_output_embeddings") and obj.get_output_embeddings() is not None:
+        from headway.inference.draft_model import DraftModelDrafter
+
+        return DraftModelDrafter(obj)
+    raise ValueError(f"unsupported drafter {type(obj).__name__}: pass MedusaHeads, a transformers causal LM sharing the "
+                     "target's tokenizer, PromptLookup(...), or a headway.inference.Drafter")

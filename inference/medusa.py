@@ -1,0 +1,67 @@
+"""Medusa drafter (Cai et al., 2024, arXiv:2401.10774): candidates from each head's top-k along a tree.
+
+Head k reads the target's final-norm hidden state at the position that predicted the root and
+proposes the token k+1 places after the root, so a node at depth d takes the rank-r token of head
+d-1. Candidates are deterministic (top-k of the raw head logits, which temperature, top-k and
+top-p filtering do not reorder), so verification treats each as a one-hot draft: lossless.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headway.heads.medusa import MedusaHeads
+from headway.inference.drafter import Draft, DraftContext, Drafter, root_only
+from headway.inference.tree import Tree, load_tree
+
+DEFAULT_TREE = "tree-15"
+
+
+class MedusaDrafter(Drafter):
+    """Wraps ``MedusaHeads``; default tree ``tree-15`` cut to the number of heads."""
+
+    needs_hidden = True
+
+    def __init__(self, heads: MedusaHeads):
+        self.heads = heads.eval()
+        self._default: Tree | None = None
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads.config.num_heads
+
+    def bind(self, target_model) -> None:
+        self.heads.bind_target(target_model)  # ValueError naming both sizes on a hidden/vocab mismatch
+        device = next(target_model.parameters()).device
+        if next(self.heads.parameters(), torch.empty(0, device=device)).device != device:
+            self.heads.to(device)
+
+    def default_tree(self) -> Tree:
+        if self._default is None:
+            self._default = load_tree(DEFAULT_TREE).truncate(self.num_heads)
+        return self._default
+
+    def check_tree(self, tree: Tree) -> None:
+        tree.validate(top_k=self.heads.config.vocab_size, max_depth=self.num_heads)
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> Draft:
+        tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(ctx.max_depth)
+        if ctx.hidden is None or tree.size == 1:
+            return root_only(ctx)
+        depth, k = tree.depth, tree.top_k
+        dtype = next(self.heads.parameters()).dtype
+        hidden = ctx.hidden.to(dtype)  # [H]
+        logits = torch.stack([self.heads.head_logits(hidden, d) for d in range(depth)])  # [D, V]
+        top = logits.topk(k, dim=-1).indices.reshape(-1)  # [D * k]
+        tokens = torch.cat([ctx.tokens[-1:], top[_flat_index(tree, k, top.device)]])  # [N]
+        return Draft(tree, tokens)
+
+
+def _flat_index(tree: Tree, k: int, device) -> torch.Tensor:
+    """Index of each non-root node into the flattened [D, k] top-k table: (depth - 1) * k + rank.  [N - 1]"""
+    key = ("medusa_index", k, device)
+    if key not in tree._device_cache:
+        idx = [(d - 1) * k + r for d, r in zip(tree.depths[1:], tree.ranks[1:])]
+        tree._device_cache[key] = torch.tensor(idx, dtype=torch.long, device=device)
+    return tree._device_cache[key]
