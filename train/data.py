@@ -482,18 +482,19 @@ def build_datasets(cfg: DataConfig, tokenizer, model_name: str) -> tuple[list[di
     return train, heldout
 
 
-def frequent_tokens(examples: list[dict], n: int) -> list[int]:
-    """The ``n`` most frequent assistant (loss-masked) token ids of ``examples``, most frequent first.
-
-    Used as a reduced draft vocabulary; ties break by token id so the choice is deterministic.
+def frequent_tokens(examples: list[dict], n: int, vocab_size: int) -> list[int]:
+    """``n`` token ids for a reduced draft vocabulary: the most frequent assistant (loss-masked)
+    tokens of ``examples``, most frequent first (ties by id); when the data has fewer distinct
+    tokens, the rest are the lowest unused ids (BPE vocabularies list frequent merges first).
     """
+    if not 1 <= n <= vocab_size:
+        raise ValueError(f"draft_vocab_size={n} must be in [1, vocab_size={vocab_size}]")
     counts: dict[int, int] = {}
     for e in examples:
         for tok, m in zip(e["input_ids"], e["loss_mask"]):
             if m:
                 counts[tok] = counts.get(tok, 0) + 1
-    ranked = sorted(counts, key=lambda t: (-counts[t], t))
-    if len(ranked) < n:
-        raise ValueError(f"draft_vocab_size={n} but the training data has only {len(ranked)} distinct assistant "
-                         "tokens; lower heads.draft_vocab_size or add data")
-    return ranked[:n]
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))[:n]
+    chosen = set(ranked)
+    filler = (t for t in range(vocab_size) if t not in chosen)
+    return ranked + [next(filler) for _ in range(n - len(ranked))]

@@ -95,7 +95,9 @@ def train(cfg: MedusaRunConfig) -> dict:
         meta = {"model": cfg.model, "data": dataclasses.asdict(cfg.data)}
         train_data = load_cached_features(Path(cfg.features) / "train", expect_meta=meta)
         eval_data = load_cached_features(Path(cfg.features) / "heldout", expect_meta=meta)
-    draft_tokens = frequent_tokens(train_data, cfg.heads.draft_vocab_size) if cfg.heads.draft_vocab_size else None
+    draft_tokens = None
+    if cfg.heads.draft_vocab_size:
+        draft_tokens = frequent_tokens(train_data, cfg.heads.draft_vocab_size, target.config.get_text_config().vocab_size)
     heads = MedusaHeads.from_target(target, cfg.heads, draft_tokens=draft_tokens, base_model_name_or_path=cfg.model)
     heads.to(acc.device)
     acc.print(f"{len(train_data)} training / {len(eval_data)} held-out sequences, "

@@ -172,6 +172,7 @@ def test_reduced_draft_vocabulary_training(tmp_path):
     assert evals[-1]["eval/head0/top1"] > evals[0]["eval/head0/top1"] + 0.1
     assert 0 < final["head0/top1"] <= 1
     ex = [{"input_ids": [5, 6, 6, 7, 7, 7], "loss_mask": [1, 1, 1, 1, 1, 0]}]
-    assert frequent_tokens(ex, 2) == [6, 7]  # 5 once, 6 and 7 twice each (the last 7 is unmasked)
-    with pytest.raises(ValueError, match="distinct assistant tokens"):
-        frequent_tokens(ex, 10)
+    assert frequent_tokens(ex, 2, 10) == [6, 7]  # 5 once, 6 and 7 twice each (the last 7 is unmasked)
+    assert frequent_tokens(ex, 5, 10) == [6, 7, 5, 0, 1]  # fewer distinct tokens: lowest unused ids fill up
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        frequent_tokens(ex, 11, 10)

@@ -1,0 +1,224 @@
+"""``SpeculativeGenerator``: draft a tree, verify it in one target pass, keep the accepted path.
+
+Invariant between rounds: the target's cache holds every token except the last one (the root of
+the next tree). A round appends the accepted draft tokens plus one token from the target (the
+bonus, or the correction after a rejection), so each target pass yields at least one token and
+the output is exactly the target's: argmax-equal when greedy, identically distributed when
+sampling (Leviathan et al. 2022, arXiv:2211.17192; SpecInfer, arXiv:2305.09781).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+
+import torch
+
+from headway.inference.drafter import Draft, DraftContext, as_drafter
+from headway.inference.kv_cache import compact_cache, new_cache
+from headway.inference.tree import load_tree
+from headway.inference.tree_attention import check_attention, prefill, tree_forward
+from headway.inference.verify import (LazyProbs, SamplingParams, check_sampling_args, probs, verify_greedy,
+                                      verify_sampling, verify_typical)
+
+ACCEPTANCE = ("exact", "typical")
+
+
+@dataclasses.dataclass
+class GenerationStats:
+    """What one ``generate`` call did. Times are seconds of wall clock."""
+
+    new_tokens: int = 0
+    target_forward_passes: int = 0  # verification passes; the prefill is not counted
+    accepted_per_step: list[int] = dataclasses.field(default_factory=list)  # tokens produced by each pass
+    draft_depth_per_step: list[int] = dataclasses.field(default_factory=list)  # depth of each proposed tree
+    verify_width_per_step: list[int] = dataclasses.field(default_factory=list)  # tokens fed to each pass (padded)
+    time_prefill: float = 0.0
+    time_draft: float = 0.0  # inside the drafter
+    time_verify: float = 0.0  # the target's verification forwards
+    time_bookkeeping: float = 0.0  # acceptance, cache compaction, sequence updates
+    acceptance: str = "exact"
+    lossy: bool = False  # True only for acceptance="typical" with temperature > 0: output is NOT the target's
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: new tokens per target verification pass."""
+        return self.new_tokens / self.target_forward_passes if self.target_forward_passes else 0.0
+
+    @property
+    def depth_acceptance(self) -> list[float]:
+        """Entry d-1: among rounds whose tree reached depth d, the fraction that accepted >= d draft tokens."""
+        depth = max(self.draft_depth_per_step, default=0)
+        rates = []
+        for d in range(1, depth + 1):
+            rounds = [a - 1 for a, t in zip(self.accepted_per_step, self.draft_depth_per_step) if t >= d]
+            rates.append(sum(a >= d for a in rounds) / len(rounds))
+        return rates
+
+    @property
+    def time_total(self) -> float:
+        return self.time_prefill + self.time_draft + self.time_verify + self.time_bookkeeping
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.update(mean_accepted_length=self.mean_accepted_length, depth_acceptance=self.depth_acceptance,
+                   time_total=self.time_total)
+        return out
+
+
+@dataclasses.dataclass
+class SpeculativeOutput:
+    sequences: torch.Tensor  # [1, prompt + new] long, like transformers' generate
+    stats: GenerationStats
+
+
+class SpeculativeGenerator:
+    """Lossless tree-speculative generation with any drafter.
+
+    Args:
+        target_model: a transformers causal LM (sdpa or eager attention), batch size 1.
+        drafter: ``MedusaHeads``, a transformers causal LM sharing the target's tokenizer (the
+            classic draft model), ``PromptLookup(...)``, or any ``headway.inference.Drafter``.
+        tree: None (the drafter's default), a shipped tree name, a YAML path, a list of paths of
+            top-k ranks, or a ``Tree``.
+        acceptance: "exact" (lossless) or "typical" (Medusa's typical acceptance: LOSSY, opt-in;
+            the output then no longer follows the target's distribution).
+        pad_to: verification widths between 2 and pad_to-1 are padded to pad_to (CPU: the 2-3
+            row output projection is slower than 4 rows).
+        typical_threshold, typical_alpha: Medusa's epsilon and delta for acceptance="typical".
+    """
+
+    def __init__(self, target_model, drafter, tree=None, acceptance: str = "exact", *, pad_to: int = 4,
+                 typical_threshold: float = 0.09, typical_alpha: float = 0.3):
+        if acceptance not in ACCEPTANCE:
+            raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r} ('typical' is lossy)")
+        check_attention(target_model)
+        self.target = target_model
+        self.drafter = as_drafter(drafter)
+        self.drafter.bind(target_model)
+        self.tree = load_tree(tree) if tree is not None else self.drafter.default_tree()
+        if self.tree is not None:
+            self.drafter.check_tree(self.tree)
+        self.acceptance = acceptance
+        self.pad_to = pad_to
+        self.typical = (typical_threshold, typical_alpha)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    def context_length(self) -> int | None:
+        return getattr(self.target.config.get_text_config(), "max_position_embeddings", None)
+
+    @torch.no_grad()
+    def generate(self, input_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, generator: torch.Generator | None = None,
+                 eos_token_id: int | list[int] | None = None) -> SpeculativeOutput:
+        """Generate up to ``max_new_tokens`` tokens after ``input_ids`` ([1, T] or [T]).
+
+        ``temperature=0`` is greedy and equals ``target_model.generate(do_sample=False)`` token for
+        token; ``temperature>0`` samples exactly from the target's distribution after the same
+        temperature / top-k / top-p (unless acceptance="typical"). ``generator`` seeds every random
+        draw. Generation stops right after an ``eos_token_id`` (None: never stops early; unlike
+        ``generate``, the model's generation_config is not consulted).
+        """
+        prompt = self._check_inputs(input_ids, max_new_tokens, temperature, top_k, top_p)
+        max_new_tokens = self._fit_context(prompt.shape[0], max_new_tokens)
+        sampling = SamplingParams(temperature, top_k, top_p) if temperature > 0 else None
+        if generator is None and sampling is not None:
+            generator = torch.Generator(self.device).manual_seed(int(torch.randint(2**62, ())))
+        eos = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+        stats = GenerationStats(acceptance=self.acceptance,
+                                lossy=self.acceptance == "typical" and sampling is not None)
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        drafter, needs_hidden = self.drafter, self.drafter.needs_hidden
+
+        t0 = time.perf_counter()
+        drafter.reset()
+        cache = new_cache(self.target)
+        length = prompt.shape[0]
+        seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=self.device)  # prompt + new tokens
+        seq[:length] = prompt
+        hidden = None
+        if length > 1:  # the last prompt token becomes the first root
+            _, hidden = prefill(self.target, cache, prompt[None, :-1], output_hidden=needs_hidden)
+        sync()
+        stats.time_prefill = time.perf_counter() - t0
+
+        while stats.new_tokens < max_new_tokens:
+            budget = max_new_tokens - stats.new_tokens
+            t0 = time.perf_counter()
+            draft = drafter.propose(DraftContext(seq[:length], hidden, self.tree, budget - 1, sampling, generator))
+            sync()
+            t1 = time.perf_counter()
+            logits, hidden_all, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
+                                                     output_hidden=needs_hidden, pad_to=self.pad_to)
+            sync()
+            t2 = time.perf_counter()
+            path, new = self._accept(draft, logits, sampling, generator)
+            compact_cache(cache, length - 1, path, width)
+            if needs_hidden:
+                hidden = hidden_all[path[-1]]  # predicted the new root
+            new = new[:budget]
+            hit = next((i for i, t in enumerate(new) if t in eos), None)
+            if hit is not None:
+                new = new[:hit + 1]
+            seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
+            length += len(new)
+            stats.new_tokens += len(new)
+            stats.target_forward_passes += 1
+            stats.accepted_per_step.append(len(new))
+            stats.draft_depth_per_step.append(draft.tree.depth)
+            stats.verify_width_per_step.append(width)
+            sync()
+            t3 = time.perf_counter()
+            stats.time_draft += t1 - t0
+            stats.time_verify += t2 - t1
+            stats.time_bookkeeping += t3 - t2
+            if hit is not None:
+                break
+        return SpeculativeOutput(seq[:length][None].clone(), stats)
+
+    def _accept(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams | None,
+                generator) -> tuple[list[int], list[int]]:
+        """(accepted node indices from the root, new tokens = accepted draft tokens + one from the target)."""
+        tree = draft.tree
+        tokens = draft.tokens.tolist()
+        if sampling is None:
+            path, nxt = verify_greedy(tree.children, tokens, logits.argmax(-1).tolist())
+        elif self.acceptance == "typical":
+            thr, alpha = self.typical
+            path, nxt = verify_typical(tree.parents, tree.retrieve, draft.tokens, probs(logits, sampling),
+                                       thr, alpha, generator)
+        else:
+            path, nxt = verify_sampling(tree.children, tokens, LazyProbs(logits, sampling), draft.q, generator)
+        return path, [tokens[i] for i in path[1:]] + [nxt]
+
+    def _check_inputs(self, input_ids, max_new_tokens, temperature, top_k, top_p) -> torch.Tensor:
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens}")
+        check_sampling_args(temperature, top_k, top_p)
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 2:
+            if ids.shape[0] != 1:
+                raise ValueError(f"SpeculativeGenerator runs batch size 1; got input_ids of shape {tuple(ids.shape)}")
+            ids = ids[0]
+        if ids.dim() != 1 or ids.numel() == 0 or ids.dtype not in (torch.long, torch.int32, torch.int64):
+            raise ValueError(f"input_ids must be a non-empty integer tensor [1, T] or [T], got {tuple(ids.shape)} {ids.dtype}")
+        context = self.context_length()
+        if context is not None and ids.shape[0] >= context:
+            raise ValueError(f"the prompt has {ids.shape[0]} tokens but the model's context is {context} "
+                             "(max_position_embeddings): shorten the prompt")
+        vocab = self.target.config.get_text_config().vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"input_ids contain ids outside the target's vocabulary [0, {vocab})")
+        return ids.to(self.device, torch.long)
+
+    def _fit_context(self, prompt_len: int, max_new_tokens: int) -> int:
+        context = self.context_length()
+        if context is not None and prompt_len + max_new_tokens > context:
+            warnings.warn(f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) exceeds the model's context "
+                          f"({context}); generating at most {context - prompt_len} tokens", stacklevel=3)
+            return context - prompt_len
+        return max_new_tokens
