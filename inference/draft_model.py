@@ -30,20 +30,22 @@ class DraftModelDrafter(Drafter):
             raise ValueError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
         self.model = model.eval()
         self.gamma = gamma
+        self._default = chain(gamma)
         self._cache = None
         self._cached = 0  # context tokens whose keys/values are in the cache
+        self._context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
 
     def bind(self, target_model) -> None:
         target_vocab, draft_vocab = vocab_size(target_model), vocab_size(self.model)
         if target_vocab != draft_vocab:
-            raise ValueError(f"draft model vocab_size {draft_vocab} does not match the target's vocab_size {target_vocab}: "
-                             "the draft model must share the target's tokenizer and vocabulary")
+            raise ValueError(f"draft model vocab_size {draft_vocab} does not match the target's vocab_size "
+                             f"{target_vocab}: the draft model must share the target's tokenizer and vocabulary")
         device = next(target_model.parameters()).device
         if next(self.model.parameters()).device != device:
             self.model.to(device)
 
     def default_tree(self) -> Tree:
-        return chain(self.gamma)
+        return self._default
 
     def check_tree(self, tree: Tree) -> None:
         if not tree.is_chain:
@@ -57,8 +59,11 @@ class DraftModelDrafter(Drafter):
     def propose(self, ctx: DraftContext) -> Draft:
         if self._cache is None:
             self.reset()
-        tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(ctx.max_depth)
         length = ctx.tokens.shape[0]
+        room = self._context - length if self._context else ctx.max_depth  # positions left in the draft's window
+        if room < 0:
+            return root_only(ctx)  # past the draft model's context: no drafting, plain decoding speed
+        tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(min(ctx.max_depth, room))
         if self._cached >= length:  # defensive: the root must be fed to get its distribution
             crop_to(self._cache, length - 1)
             self._cached = length - 1

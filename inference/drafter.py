@@ -13,13 +13,13 @@ import dataclasses
 import torch
 
 from headway.inference.tree import Tree
-from headway.inference.verify import SamplingParams
+from headway.inference.verify import SamplingParams, probs
 
 
 @dataclasses.dataclass
 class DraftContext:
     tokens: torch.Tensor  # [L] every token so far (prompt + generated) on the target's device; tokens[-1] is the root
-    hidden: torch.Tensor | None  # [H] target's final-norm hidden state at position L-2 (it predicted the root); None if unknown
+    hidden: torch.Tensor | None  # [H] target's final-norm hidden state at position L-2 (it predicted the root), or None
     tree: Tree | None  # the generator's tree (static shape or a cap for dynamic drafters); None: the drafter's own
     max_depth: int  # nodes deeper than this are useless this round (max_new_tokens budget)
     sampling: SamplingParams | None  # None: greedy
@@ -30,8 +30,9 @@ class DraftContext:
 class Draft:
     tree: Tree  # shape of the candidates; node 0 is the root
     tokens: torch.Tensor  # [N] long, tokens[0] is the root token
-    q: torch.Tensor | None = None  # [N, V]: row i is the distribution node i's children were drawn from
-    # (without replacement, in rank order); None: deterministic candidates (top-k ranks, copied n-grams)
+    q: torch.Tensor | dict | None = None  # q[i] [V]: the distribution node i's children were drawn from
+    # (without replacement, in sibling order); a [N, V] tensor or a dict over nodes with children.
+    # None: deterministic candidates (top-k ranks, copied n-grams), verified as one-hot drafts.
 
 
 class Drafter:
@@ -56,9 +57,12 @@ class Drafter:
         raise NotImplementedError
 
 
+ROOT_ONLY = Tree([-1], name="root")
+
+
 def root_only(ctx: DraftContext) -> Draft:
     """The empty draft: verification then yields exactly one token, like plain decoding."""
-    return Draft(Tree([-1], name="root"), ctx.tokens[-1:].clone())
+    return Draft(ROOT_ONLY, ctx.tokens[-1:].clone())
 
 
 def sample_children(logits: torch.Tensor, k: int, sampling: SamplingParams | None,
@@ -72,8 +76,6 @@ def sample_children(logits: torch.Tensor, k: int, sampling: SamplingParams | Non
     """
     if sampling is None:
         return logits.topk(k, dim=-1).indices, None
-    from headway.inference.verify import probs
-
     q = probs(logits, sampling)  # [R, V]
     u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(1e-20, 1.0)
     keys = q.log() - (-u.log()).log()  # log q + Gumbel; -inf where q == 0 (such draws are ignored by the verifier)
@@ -92,9 +94,9 @@ def as_drafter(obj) -> Drafter:
         return MedusaDrafter(obj)
     from transformers import PreTrainedModel
 
-    if isinstance(obj, PreTrainedModel) and hasattr(obj, "get_output_embeddings") and obj.get_output_embeddings() is not None:
+    if isinstance(obj, PreTrainedModel) and obj.get_output_embeddings() is not None:
         from headway.inference.draft_model import DraftModelDrafter
 
         return DraftModelDrafter(obj)
-    raise ValueError(f"unsupported drafter {type(obj).__name__}: pass MedusaHeads, a transformers causal LM sharing the "
-                     "target's tokenizer, PromptLookup(...), or a headway.inference.Drafter")
+    raise ValueError(f"unsupported drafter {type(obj).__name__}: pass MedusaHeads, a transformers causal LM sharing "
+                     "the target's tokenizer, PromptLookup(...), or a headway.inference.Drafter")

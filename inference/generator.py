@@ -126,6 +126,9 @@ class SpeculativeGenerator:
         prompt = self._check_inputs(input_ids, max_new_tokens, temperature, top_k, top_p)
         max_new_tokens = self._fit_context(prompt.shape[0], max_new_tokens)
         sampling = SamplingParams(temperature, top_k, top_p) if temperature > 0 else None
+        if generator is not None and generator.device.type != self.device.type:
+            raise ValueError(f"generator is on {generator.device} but the target is on {self.device}: "
+                             f"pass torch.Generator(device={str(self.device)!r})")
         if generator is None and sampling is not None:
             generator = torch.Generator(self.device).manual_seed(int(torch.randint(2**62, ())))
         eos = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
@@ -150,6 +153,9 @@ class SpeculativeGenerator:
             budget = max_new_tokens - stats.new_tokens
             t0 = time.perf_counter()
             draft = drafter.propose(DraftContext(seq[:length], hidden, self.tree, budget - 1, sampling, generator))
+            if draft.tokens.shape[0] != draft.tree.size:
+                raise RuntimeError(f"{type(drafter).__name__} returned {draft.tokens.shape[0]} tokens "
+                                   f"for a tree of {draft.tree.size} nodes")
             sync()
             t1 = time.perf_counter()
             logits, hidden_all, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
@@ -205,7 +211,8 @@ class SpeculativeGenerator:
                 raise ValueError(f"SpeculativeGenerator runs batch size 1; got input_ids of shape {tuple(ids.shape)}")
             ids = ids[0]
         if ids.dim() != 1 or ids.numel() == 0 or ids.dtype not in (torch.long, torch.int32, torch.int64):
-            raise ValueError(f"input_ids must be a non-empty integer tensor [1, T] or [T], got {tuple(ids.shape)} {ids.dtype}")
+            raise ValueError(f"input_ids must be a non-empty integer tensor [1, T] or [T], "
+                             f"got {tuple(ids.shape)} {ids.dtype}")
         context = self.context_length()
         if context is not None and ids.shape[0] >= context:
             raise ValueError(f"the prompt has {ids.shape[0]} tokens but the model's context is {context} "

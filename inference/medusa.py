@@ -2,8 +2,9 @@
 
 Head k reads the target's final-norm hidden state at the position that predicted the root and
 proposes the token k+1 places after the root, so a node at depth d takes the rank-r token of head
-d-1. Candidates are deterministic (top-k of the raw head logits, which temperature, top-k and
-top-p filtering do not reorder), so verification treats each as a one-hot draft: lossless.
+d-1 (mapped back to target ids when the heads score a reduced draft vocabulary). Candidates are
+deterministic (top-k of the raw head logits, which temperature, top-k and top-p filtering do not
+reorder), so verification treats each as a one-hot draft: lossless.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class MedusaDrafter(Drafter):
         return self._default
 
     def check_tree(self, tree: Tree) -> None:
-        tree.validate(top_k=self.heads.config.vocab_size, max_depth=self.num_heads)
+        tree.validate(top_k=self.heads.config.output_size, max_depth=self.num_heads)
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
@@ -53,15 +54,12 @@ class MedusaDrafter(Drafter):
         dtype = next(self.heads.parameters()).dtype
         hidden = ctx.hidden.to(dtype)  # [H]
         logits = torch.stack([self.heads.head_logits(hidden, d) for d in range(depth)])  # [D, V]
-        top = logits.topk(k, dim=-1).indices.reshape(-1)  # [D * k]
+        top = self.heads.to_target_ids(logits.topk(k, dim=-1).indices.reshape(-1))  # [D * k] target ids
         tokens = torch.cat([ctx.tokens[-1:], top[_flat_index(tree, k, top.device)]])  # [N]
         return Draft(tree, tokens)
 
 
 def _flat_index(tree: Tree, k: int, device) -> torch.Tensor:
     """Index of each non-root node into the flattened [D, k] top-k table: (depth - 1) * k + rank.  [N - 1]"""
-    key = ("medusa_index", k, device)
-    if key not in tree._device_cache:
-        idx = [(d - 1) * k + r for d, r in zip(tree.depths[1:], tree.ranks[1:])]
-        tree._device_cache[key] = torch.tensor(idx, dtype=torch.long, device=device)
-    return tree._device_cache[key]
+    return tree.cached(("medusa_index", k, device), lambda: torch.tensor(
+        [(d - 1) * k + r for d, r in zip(tree.depths[1:], tree.ranks[1:])], dtype=torch.long, device=device))

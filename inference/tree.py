@@ -147,7 +147,7 @@ class Tree:
         """Nodes including the root: the verification width."""
         return len(self.parents)
 
-    @property
+    @cached_property
     def depth(self) -> int:
         return max(self.depths)
 
@@ -179,11 +179,12 @@ class Tree:
         source = source or self.name or "tree"
         if top_k is not None and self.top_k > top_k:
             bad = next(p for p in self.paths if max(p) >= top_k)
-            raise ValueError(f"{source}: path {list(bad)} uses rank {max(bad)} but the drafter offers only top-{top_k} candidates")
+            raise ValueError(f"{source}: path {list(bad)} uses rank {max(bad)} "
+                             f"but the drafter offers only top-{top_k} candidates")
         if max_depth is not None and self.depth > max_depth:
             bad = next(p for p in self.paths if len(p) > max_depth)
-            raise ValueError(f"{source}: path {list(bad)} has depth {len(bad)} but the drafter predicts at most {max_depth} tokens ahead "
-                             f"(e.g. {max_depth} Medusa heads); use a shallower tree")
+            raise ValueError(f"{source}: path {list(bad)} has depth {len(bad)} but the drafter predicts at most "
+                             f"{max_depth} tokens ahead (e.g. {max_depth} Medusa heads); use a shallower tree")
         return self
 
     def truncate(self, max_depth: int) -> "Tree":
@@ -198,14 +199,20 @@ class Tree:
             self._truncated[max_depth] = Tree(parents, [self.ranks[i] for i in keep], name=self.name)
         return self._truncated[max_depth]
 
+    def cached(self, key, build):
+        """``build()`` once per key for this tree (device tensors derived from its shape)."""
+        if key not in self._device_cache:
+            self._device_cache[key] = build()
+        return self._device_cache[key]
+
     def device_tensors(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(additive float mask [N, N] of 0 / finfo.min, depths [N] long) on ``device``, memoised."""
-        key = (device, dtype)
-        if key not in self._device_cache:
+        def build():
             add = torch.full((self.size, self.size), torch.finfo(dtype).min, dtype=dtype)
             add.masked_fill_(self.mask, 0.0)
-            self._device_cache[key] = (add.to(device), torch.tensor(self.depths, dtype=torch.long, device=device))
-        return self._device_cache[key]
+            return add.to(device), torch.tensor(self.depths, dtype=torch.long, device=device)
+
+        return self.cached(("additive", device, dtype), build)
 
 
 def chain(depth: int) -> Tree:
@@ -240,7 +247,8 @@ def read_tree_file(path: str | os.PathLike) -> Tree:
     if isinstance(data, dict):
         unknown = sorted(set(data) - {"paths", "name", "description"})
         if unknown or "paths" not in data:
-            raise ValueError(f"{path}: a tree file has keys 'paths' (required), 'name', 'description'; got {sorted(data)}")
+            raise ValueError(f"{path}: a tree file has keys 'paths' (required), 'name', 'description'; "
+                             f"got {sorted(data)}")
         data = data["paths"]
     if data is None:
         raise ValueError(f"{path}: the tree file is empty; give a list of paths such as [[0], [1], [0, 0]]")
@@ -254,6 +262,9 @@ def load_tree(spec, top_k: int | None = None, max_depth: int | None = None) -> T
     """
     if isinstance(spec, Tree):
         tree = spec
+    elif isinstance(spec, dict):
+        raise ValueError(f"dynamic tree settings {spec} are for EAGLE-2 drafters, which this runtime does not have "
+                         "yet; pass a tree name, a YAML path or a list of paths")
     elif isinstance(spec, (str, os.PathLike)):
         candidate = Path(spec)
         if candidate.suffix in (".yaml", ".yml") or candidate.is_file():
@@ -263,7 +274,8 @@ def load_tree(spec, top_k: int | None = None, max_depth: int | None = None) -> T
         else:
             shipped = trees_dir() / f"{spec}.yaml"
             if not shipped.is_file():
-                raise ValueError(f"unknown tree {str(spec)!r}: not a file, and not one of the shipped trees {available_trees()}")
+                raise ValueError(f"unknown tree {str(spec)!r}: not a file, and not one of the shipped trees "
+                                 f"{available_trees()}")
             tree = read_tree_file(shipped)
     else:
         tree = Tree.from_paths(spec)

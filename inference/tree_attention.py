@@ -19,8 +19,9 @@ def check_attention(model) -> None:
     """Refuse attention kernels that ignore a custom 4D mask (flash-attention would silently be wrong)."""
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
     if impl not in SUPPORTED_ATTENTION:
-        raise ValueError(f"tree verification needs a 4D attention mask, which attn_implementation={impl!r} does not honour; "
-                         f"load the model with attn_implementation='sdpa' or 'eager' (or call model.set_attn_implementation('sdpa'))")
+        raise ValueError(f"tree verification needs a 4D attention mask, which attn_implementation={impl!r} does not "
+                         "honour; load the model with attn_implementation='sdpa' or 'eager' "
+                         "(or call model.set_attn_implementation('sdpa'))")
 
 
 def padded_tree_tensors(tree: Tree, width: int, device: torch.device, dtype: torch.dtype):
@@ -29,9 +30,7 @@ def padded_tree_tensors(tree: Tree, width: int, device: torch.device, dtype: tor
     Padding nodes see only the prefix and themselves (depth 0); no real node sees them, and the
     cache compaction drops them. Memoised on the tree.
     """
-    key = ("padded", width, device, dtype)
-    memo = tree._device_cache
-    if key not in memo:
+    def build():
         mask, depths = tree.device_tensors(device, dtype)  # [N, N], [N]
         n = tree.size
         if width > n:
@@ -40,8 +39,9 @@ def padded_tree_tensors(tree: Tree, width: int, device: torch.device, dtype: tor
             full.diagonal()[n:] = 0.0
             mask = full
             depths = torch.cat([depths, depths.new_zeros(width - n)])
-        memo[key] = (mask, depths)
-    return memo[key]
+        return mask, depths
+
+    return tree.cached(("padded", width, device, dtype), build)
 
 
 def verify_width(n: int, pad_to: int) -> int:

@@ -107,7 +107,8 @@ def remove_candidate(p: torch.Tensor, x: int) -> torch.Tensor:
 
 # --- greedy ----------------------------------------------------------------------------------
 
-def verify_greedy(children: Sequence[Sequence[int]], tokens: Sequence[int], argmax: Sequence[int]) -> tuple[list[int], int]:
+def verify_greedy(children: Sequence[Sequence[int]], tokens: Sequence[int],
+                  argmax: Sequence[int]) -> tuple[list[int], int]:
     """Longest path of tokens equal to the target's argmax, then the argmax bonus token.
 
     children: [N][*] child nodes; tokens: [N] node tokens; argmax: [N] the target's argmax at each
@@ -130,18 +131,20 @@ def verify_sampling(children: Sequence[Sequence[int]], tokens: Sequence[int], p,
     """Lossless recursive rejection sampling over a tree (a chain is the one-child case).
 
     p: target probabilities, indexable by node -> [V] (a [N, V] tensor or ``LazyProbs``).
-    q: [N, V] the distribution each node's children were drawn from *without replacement, in rank
-       order* (a chain: one draw), or None for deterministic candidates (top-k, copied n-grams):
-       then the draft is the one-hot on the candidate, accepted with probability p(x).
+    q: indexable by node -> [V]: the distribution each node's children were drawn from *without
+       replacement, in sibling order* (a chain: one draw), or None for deterministic candidates
+       (top-k, copied n-grams): then the draft is the one-hot on the candidate, accepted with
+       probability p(x).
     Returns (accepted node indices starting with the root 0, the next token drawn from the final
     residual or, after a leaf, from the target's distribution there).
     """
     node, path = 0, [0]
     while True:
         p_cur = p[node]
-        q_cur = None if q is None else q[node]
+        kids = children[node]
+        q_cur = q[node] if q is not None and kids else None
         nxt = None
-        for c in children[node]:
+        for c in kids:
             x = tokens[c]
             px = float(p_cur[x])
             if q_cur is None:  # deterministic draft: q = one-hot(x), accept with min(1, p(x) / 1)

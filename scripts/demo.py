@@ -32,8 +32,8 @@ from headway.train.medusa import MedusaRunConfig, train  # noqa: E402
 
 CONFIG = ROOT / "configs" / "medusa" / "smollm2-135m.yaml"
 SIZES = {  # prompts, new tokens per answer, training epochs
-    "quick": dict(prompts=240, max_new_tokens=96, epochs=3),
-    "long": dict(prompts=960, max_new_tokens=128, epochs=6),
+    "quick": dict(prompts=240, max_new_tokens=96, epochs=8),
+    "long": dict(prompts=960, max_new_tokens=128, epochs=10),
 }
 
 

@@ -1,0 +1,38 @@
+"""Session fixtures for the runtime tests: fp64 tiny targets (so argmax ties cannot flip between
+a tree pass and generate's one-token steps), Medusa heads trained on each target's own greedy
+continuations (non-trivial acceptance), a noisy copy of the target as draft model, prompts and
+transformers' own greedy outputs to compare against."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from headway.heads import MedusaHeads
+from headway.heads.tiny import build_tiny_target
+from spec_utils import make_prompts, noisy_copy, reference_generate, train_medusa
+
+FAMILY_SEEDS = {"llama": 0, "qwen2": 1}
+NUM_PROMPTS = 50
+
+
+@dataclasses.dataclass
+class Family:
+    name: str
+    target: torch.nn.Module
+    heads: MedusaHeads
+    draft: torch.nn.Module
+    prompts: list  # [1, T] long tensors
+    max_new: list  # tokens to generate per prompt
+    references: list  # target.generate(do_sample=False) outputs [1, T + max_new]
+
+
+@pytest.fixture(scope="session", params=list(FAMILY_SEEDS))
+def family(request):
+    name, seed = request.param, FAMILY_SEEDS[request.param]
+    target, _ = build_tiny_target(name, seed=seed)
+    target = target.to(torch.float64)
+    prompts, max_new = make_prompts(target.config.vocab_size, NUM_PROMPTS, seed + 10)
+    with torch.no_grad():
+        refs = [reference_generate(target, p, m) for p, m in zip(prompts, max_new)]
+    return Family(name, target, train_medusa(target, seed=seed), noisy_copy(target, seed=seed), prompts, max_new, refs)
