@@ -22,14 +22,34 @@ def vocab_size(model) -> int:
     return model.config.get_text_config().vocab_size
 
 
-class DraftModelDrafter(Drafter):
-    """A transformers causal LM sharing the target's tokenizer; default tree: a chain of ``gamma``."""
+def local_tokenizer_vocab(model) -> dict | None:
+    """The vocabulary of the tokenizer saved beside a model loaded from a local folder, else None."""
+    from pathlib import Path
 
-    def __init__(self, model, gamma: int = 4):
+    folder = Path(getattr(model, "name_or_path", "") or "")
+    if not str(folder) or not folder.is_dir() or not any(
+            (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder)).get_vocab()
+
+
+class DraftModelDrafter(Drafter):
+    """A transformers causal LM sharing the target's tokenizer; default tree: a chain of ``gamma``.
+
+    The vocabulary sizes must match; when both models were loaded from local folders that hold
+    their tokenizers (or ``tokenizer`` / ``target_tokenizer`` are given), the tokenizers'
+    vocabularies must be identical too: same-sized vocabularies with other token ids would make
+    every draft wrong while looking valid.
+    """
+
+    def __init__(self, model, gamma: int = 4, tokenizer=None, target_tokenizer=None):
         if gamma < 1:
             raise ValueError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
         self.model = model.eval()
         self.gamma = gamma
+        self._tokenizers = (tokenizer, target_tokenizer)
         self._default = chain(gamma)
         self._cache = None
         self._cached = 0  # context tokens whose keys/values are in the cache
@@ -40,6 +60,13 @@ class DraftModelDrafter(Drafter):
         if target_vocab != draft_vocab:
             raise ValueError(f"draft model vocab_size {draft_vocab} does not match the target's vocab_size "
                              f"{target_vocab}: the draft model must share the target's tokenizer and vocabulary")
+        draft_tok, target_tok = self._tokenizers
+        mine = draft_tok.get_vocab() if draft_tok is not None else local_tokenizer_vocab(self.model)
+        theirs = target_tok.get_vocab() if target_tok is not None else local_tokenizer_vocab(target_model)
+        if mine is not None and theirs is not None and mine != theirs:
+            differ = sorted(set(mine.items()) ^ set(theirs.items()))[:3]
+            raise ValueError(f"the draft model's tokenizer differs from the target's (e.g. {differ}): "
+                             "use a draft model trained with the target's tokenizer")
         device = next(target_model.parameters()).device
         if next(self.model.parameters()).device != device:
             self.model.to(device)

@@ -60,12 +60,19 @@ def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int
     n = tokens.shape[0]
     width = verify_width(n, pad_to)
     device, dtype = tokens.device, model.dtype
-    mask, depths = padded_tree_tensors(tree, width, device, dtype)  # [W, W], [W]
     if width > n:
         tokens = torch.cat([tokens, tokens[:1].expand(width - n)])
-    full = torch.zeros((1, 1, width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all
-    full[0, 0, :, prefix_len:] = mask
-    out = model(input_ids=tokens[None], position_ids=(depths + prefix_len)[None], attention_mask=full,
+    if tree.is_chain:
+        # A chain (padding after it included) is plain causal attention: let the model build its own
+        # mask, which keeps its fastest attention path (no 4D mask; SDPA's native GQA).
+        positions = torch.arange(prefix_len, prefix_len + width, device=device)
+        full = None
+    else:
+        mask, depths = padded_tree_tensors(tree, width, device, dtype)  # [W, W], [W]
+        positions = depths + prefix_len
+        full = torch.zeros((1, 1, width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all
+        full[0, 0, :, prefix_len:] = mask
+    out = model(input_ids=tokens[None], position_ids=positions[None], attention_mask=full,
                 cache=cache, use_cache=True, output_hidden_states=output_hidden)
     logits = out.logits[0, :n]
     hidden = out.hidden_states[-1][0, :n] if output_hidden else None

@@ -7,7 +7,9 @@
 2. self-distils a data set: the target answers real prompts from the packaged text;
 3. caches the frozen target's features to safetensors shards;
 4. trains Medusa-1 heads on them (configs/medusa/smollm2-135m.yaml) and exports them;
-5. prints held-out top-1 / top-5 accuracy per head.
+5. prints held-out top-1 / top-5 accuracy per head;
+6. generates with the heads on held-out prompts, side by side with plain greedy decoding and
+   prompt lookup (scripts/benchmark.py), and prints tau and the speedup.
 Every step is cached: a rerun skips what is done and resumes what was interrupted.
 """
 
@@ -23,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import benchmark  # noqa: E402
 import cache_features  # noqa: E402
 import generate_data  # noqa: E402
 
@@ -54,31 +57,40 @@ def main(argv=None) -> None:
     overrides = [f"data.source={data}", f"train.epochs={size['epochs']}", f"train.output_dir={out / 'heads'}"]
     t_all = time.perf_counter()
 
-    t = step("1/5 target model: SmolLM2-135M-Instruct from the packaged GGUF")
+    t = step("1/6 target model: SmolLM2-135M-Instruct from the packaged GGUF")
     print(f"   {default_model_dir()} ({time.perf_counter() - t:.0f} s)")
 
-    t = step(f"2/5 self-distillation: the target answers {size['prompts']} packaged prompts")
+    t = step(f"2/6 self-distillation: the target answers {size['prompts']} packaged prompts")
     code = generate_data.main(["--model", DEFAULT_MODEL, "--out", str(data), "--num-prompts", str(size["prompts"]),
                                "--max-new-tokens", str(size["max_new_tokens"])])
     if code:
         sys.exit(code)
     print(f"   {data} ({time.perf_counter() - t:.0f} s)")
 
-    t = step("3/5 caching the frozen target's features (safetensors shards)")
+    t = step("3/6 caching the frozen target's features (safetensors shards)")
     feats = out / "features"
     cache_features.main(["--config", str(CONFIG), "--out", str(feats), *overrides])
     print(f"   ({time.perf_counter() - t:.0f} s)")
 
-    t = step("4/5 training Medusa heads on the cached features")
+    t = step("4/6 training Medusa heads on the cached features")
     cfg = load_config(MedusaRunConfig, CONFIG, [*overrides, f"features={feats}"])
     metrics = train(cfg)
     print(f"   ({time.perf_counter() - t:.0f} s)")
 
-    step("5/5 held-out accuracy per head (head k predicts the token k+2 ahead)")
+    step("5/6 held-out accuracy per head (head k predicts the token k+2 ahead)")
     print(f"   {'head':>6} {'top-1':>7} {'top-5':>7}")
     for k in range(cfg.heads.num_heads):
         print(f"   {k:>6} {metrics[f'head{k}/top1']:>7.3f} {metrics[f'head{k}/top5']:>7.3f}")
     print(f"\nheads: {cfg.train.output_dir}  (load with headway.heads.load_drafter)")
+
+    t = step("6/6 speculative generation with the heads vs plain greedy (output must be identical)")
+    results = benchmark.main(["--heads", cfg.train.output_dir, "--prompts", "4", "--copy-prompts", "2",
+                              "--max-new-tokens", "64", "--draft-layers", "0", "--out", str(out / "benchmark")])
+    best = max((n for n in results["chat"] if n.startswith("medusa")), key=lambda n: results["chat"][n]["speedup"])
+    s = results["chat"][best]
+    print(f"\nMedusa heads on held-out chat prompts, best tree {best.split()[-1]}: tau {s['tau']:.2f} new tokens per "
+          f"target pass, {s['speedup']:.2f}x plain greedy ({'identical output' if s['identical'] else 'OUTPUT DIFFERS'})"
+          f"  ({time.perf_counter() - t:.0f} s)")
     print(f"total {time.perf_counter() - t_all:.0f} s")
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headway.heads.tiny import build_tiny_target
-from headway.inference import PromptLookup, SpeculativeGenerator
+from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,34 @@ def test_no_future_warning_from_the_cache_keyword(target, self_draft):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gen.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6, temperature=1.0)
+
+
+def test_draft_model_with_another_tokenizer_is_refused(tmp_path):
+    """Same vocabulary size, different token ids: refused by comparing the saved tokenizers."""
+    from transformers import AutoModelForCausalLM
+
+    from headway.heads.tiny import build_tiny_target
+
+    target, tok = build_tiny_target("llama", seed=0)
+    draft, dtok = build_tiny_target("llama", seed=1)
+    target.save_pretrained(tmp_path / "t")
+    tok.save_pretrained(tmp_path / "t")
+    vocab = dtok.get_vocab()
+    a, b = "hello", "robot"
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # swap two ids: same size, other tokenizer
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    backend.normalizer, backend.pre_tokenizer = dtok.backend_tokenizer.normalizer, dtok.backend_tokenizer.pre_tokenizer
+    swapped = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>")
+    draft.save_pretrained(tmp_path / "d")
+    swapped.save_pretrained(tmp_path / "d")
+    t = AutoModelForCausalLM.from_pretrained(tmp_path / "t")
+    d = AutoModelForCausalLM.from_pretrained(tmp_path / "d")
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        SpeculativeGenerator(t, DraftModelDrafter(d))
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        SpeculativeGenerator(target, DraftModelDrafter(draft, tokenizer=swapped, target_tokenizer=tok))
+    SpeculativeGenerator(target, DraftModelDrafter(draft, tokenizer=dtok, target_tokenizer=tok))  # same: accepted
