@@ -1,10 +1,11 @@
 """End to end: the first 3 tokens of SpeculativeGenerator.generate(temperature > 0) follow the
 target's exact distribution (enumerated on an 8-token model) for every drafter, chain and tree.
 
-Each sample is a full generate call (~6 ms here), so the default run uses 1,000 samples per case
-(a broken acceptance rule is rejected at p < 1e-8 with that many, see test_broken_rule_fails_end_to_end);
-the 20,000-sample checks of the acceptance rules themselves live in test_verify.py, and the
-slow-marked run repeats every case here (both settings) with 3,000 samples."""
+Each sample is a full generate call (~6 ms here), so the default run uses 1,000 samples on six
+cases (a broken acceptance rule is rejected at p < 1e-8 with that many, see
+test_broken_rule_fails_end_to_end); the slow-marked run (`make test` runs it) repeats all twelve
+cases (every drafter, chain and tree, both settings) with 20,000 samples each, and the acceptance
+rules themselves are checked with 20,000 samples in test_verify.py."""
 
 import pytest
 import torch
@@ -55,7 +56,7 @@ def test_sampling_matches_target_end_to_end(setup, drafter, setting):
 @pytest.mark.parametrize("drafter, setting", ALL_CASES)
 def test_sampling_matches_target_end_to_end_long(setup, drafter, setting):
     target, drafters, joints = setup
-    samples = sample_first3(target, *drafters[drafter], SETTINGS[setting], n=3000, seed=2)
+    samples = sample_first3(target, *drafters[drafter], SETTINGS[setting], n=20_000, seed=2)
     assert chi2_pvalue(samples, joints[setting]) > 1e-3
 
 
