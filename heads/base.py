@@ -99,8 +99,12 @@ def resolve_folder(folder_or_hub_id: str | os.PathLike, **hub_kwargs) -> Path:
         return path
     if path.exists() or str(folder_or_hub_id).startswith((".", "/")):
         raise FileNotFoundError(f"no drafter folder at {folder_or_hub_id}")
-    return Path(snapshot_download(str(folder_or_hub_id), allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, "README.md"],
-                                  **hub_kwargs))
+    try:
+        return Path(snapshot_download(str(folder_or_hub_id), allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, "README.md"],
+                                      **hub_kwargs))
+    except Exception as exc:  # offline, unknown repo, bad id: one line, not a Hub trace
+        raise FileNotFoundError(f"{folder_or_hub_id!r} is neither a local drafter folder nor a Hub repo that could be "
+                                f"loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

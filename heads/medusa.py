@@ -34,8 +34,10 @@ class MedusaConfig(DrafterConfig):
         super().__post_init__()
         if self.num_heads < 1 or self.num_layers < 0:
             raise ValueError(f"num_heads must be >= 1 and num_layers >= 0, got {self.num_heads}, {self.num_layers}")
-        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
+        # the upper bound (the target's vocabulary) is checked when heads are built: in a run config
+        # vocab_size is still a placeholder that the target fills in
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size must be >= 1 (or null for the full vocabulary), got {self.draft_vocab_size}")
 
     @property
     def output_size(self) -> int:
@@ -68,6 +70,8 @@ class MedusaHeads(Drafter):
 
     def __init__(self, config: MedusaConfig):
         super().__init__(config)
+        if config.draft_vocab_size is not None and config.draft_vocab_size > config.vocab_size:
+            raise ValueError(f"draft_vocab_size {config.draft_vocab_size} exceeds the target's vocab_size {config.vocab_size}")
         h = config.hidden_size
         self.blocks = nn.ModuleList(
             nn.Sequential(*[ResBlock(h) for _ in range(config.num_layers)]) for _ in range(config.num_heads)

@@ -35,18 +35,21 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the run config")
     args = parser.parse_args(argv)
+    if args.batch_size < 1 or args.shard_size < 1:
+        sys.exit("error: --batch-size and --shard-size must be >= 1")
+    torch.set_num_threads(args.threads)
     try:
         cfg = load_config(MedusaRunConfig, args.config, args.overrides)
-    except ConfigError as exc:
-        sys.exit(f"config error: {exc}")
-    torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(cfg.model)
-    train, heldout = build_datasets(cfg.data, tokenizer, cfg.model)
-    meta = {"model": cfg.model, "data": dataclasses.asdict(cfg.data), "dtype": args.dtype}
-    start = time.perf_counter()
-    for name, examples in (("train", train), ("heldout", heldout)):
-        cache_features(target, examples, f"{args.out}/{name}", meta={**meta, "split": name},
-                       batch_size=args.batch_size, shard_size=args.shard_size, dtype=_DTYPES[args.dtype])
+        target, tokenizer = load_target(cfg.model)
+        train, heldout = build_datasets(cfg.data, tokenizer, cfg.model)
+        meta = {"model": cfg.model, "data": dataclasses.asdict(cfg.data), "dtype": args.dtype,
+                "shard_size": args.shard_size}
+        start = time.perf_counter()
+        for name, examples in (("train", train), ("heldout", heldout)):
+            cache_features(target, examples, f"{args.out}/{name}", meta={**meta, "split": name},
+                           batch_size=args.batch_size, shard_size=args.shard_size, dtype=_DTYPES[args.dtype])
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        sys.exit(f"error: {exc}")
     tokens = sum(len(e["input_ids"]) for e in train + heldout)
     print(f"cached {len(train)} + {len(heldout)} sequences ({tokens} tokens) in {time.perf_counter() - start:.1f} s "
           f"to {args.out}")

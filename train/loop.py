@@ -65,6 +65,8 @@ class TrainConfig:
             raise ValueError(f"max_steps must be >= 1 or null, got {self.max_steps}")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.log_every < 1 or self.eval_batch_size < 1:
+            raise ValueError(f"log_every and eval_batch_size must be >= 1, got {self.log_every}, {self.eval_batch_size}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
 
@@ -135,7 +137,7 @@ def prepare_output_dir(cfg: TrainConfig, run_config: dict, acc: Accelerator) -> 
             raise ValueError(f"{out} is not empty and holds no headway run; choose another "
                              "train.output_dir or pass train.overwrite=true")
         out.mkdir(parents=True, exist_ok=True)
-        saved.write_text(json.dumps(run_config, indent=2, default=str))
+        _atomic_write(saved, json.dumps(run_config, indent=2, default=str))
     acc.wait_for_everyone()
     return out
 
@@ -167,7 +169,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 @torch.no_grad()
 def evaluate(acc: Accelerator, method: Method, model, examples: list[dict], batch_size: int) -> dict[str, float]:
     """Held-out loss and accuracy per head, counted over every process's share."""
-    model.eval()
+    model.eval()  # the unwrapped module: no DDP collectives, so ranks with fewer examples cannot hang
     mine = examples[acc.process_index::acc.num_processes]
     totals: dict[str, torch.Tensor] = {}
     for i in range(0, len(mine), batch_size):
@@ -177,7 +179,8 @@ def evaluate(acc: Accelerator, method: Method, model, examples: list[dict], batc
         for k, v in counts.items():
             totals[k] = totals.get(k, 0) + v.detach().double()
     keys = sorted(_all_keys(acc, totals))
-    vec = torch.stack([torch.as_tensor(totals.get(k, 0.0), dtype=torch.float64) for k in keys]).to(acc.device) if keys else None
+    vec = torch.stack([torch.as_tensor(totals.get(k, 0.0), dtype=torch.float64, device=acc.device)
+                       for k in keys]) if keys else None
     if vec is not None and acc.num_processes > 1:
         vec = acc.reduce(vec, reduction="sum")
     model.train()
@@ -203,6 +206,8 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     """Train ``method.model`` on ``train_data``; returns the final held-out metrics."""
     if not train_data:
         raise ValueError("the training set is empty; check the data source and its filters")
+    # the world size decides data order and schedule, so a resume must keep it
+    run_config = {**run_config, "num_processes": acc.num_processes}
     out = prepare_output_dir(cfg, run_config, acc)
     done = out / "eval_metrics.json"
     if cfg.resume and done.is_file() and (out / "model.safetensors").is_file():
@@ -243,7 +248,7 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
         acc.init_trackers("headway", config=_flat(run_config))
     if step == 0 and eval_data:  # the baseline the trained heads are judged against
         _log(acc, out, {"step": 0, **{f"eval/{k}": v for k, v in
-                                      evaluate(acc, method, model, eval_data, cfg.eval_batch_size).items()}}, cfg)
+                                      evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size).items()}}, cfg)
     bar = tqdm(total=total_steps, initial=step, disable=not acc.is_local_main_process, desc="training", unit="step")
     model.train()
     running: dict[str, torch.Tensor] = {}
@@ -283,7 +288,7 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
             _log(acc, out, record, cfg)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps and eval_data:
             _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in
-                                             evaluate(acc, method, model, eval_data, cfg.eval_batch_size).items()}}, cfg)
+                                             evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size).items()}}, cfg)
         if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
             ckpt.save_checkpoint(out / "checkpoints", step, model_state=_trainable_state(unwrapped),
                                  optimizer=optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer,
@@ -292,7 +297,7 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
                                  keep=cfg.keep_checkpoints, barrier=acc.wait_for_everyone)
     bar.close()
 
-    final = evaluate(acc, method, model, eval_data, cfg.eval_batch_size) if eval_data else {}
+    final = evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size) if eval_data else {}
     _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in final.items()}}, cfg)
     _write_sync_check(acc, out, unwrapped)
     if acc.is_main_process:
@@ -332,5 +337,17 @@ def _truncate_metrics(path: Path, step: int, is_main: bool) -> None:
     """On resume, drop metric lines logged after the checkpoint (they will be logged again)."""
     if not is_main or not path.is_file():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in keep) if step else "")
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+    _atomic_write(path, "".join(line + "\n" for line in keep) if step else "")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -41,19 +41,19 @@ def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask:
     metrics: dict[str, torch.Tensor] = {}
     for k in range(num_heads):
         shift = k + 2
-        if hidden.shape[1] <= shift:
-            break
-        mask = loss_mask[:, shift:].reshape(-1).bool()  # [N]
+        mask = loss_mask[:, shift:].reshape(-1).bool()  # [N] (empty when T <= shift)
         feats = hidden[:, :-shift].reshape(-1, hidden.shape[-1])[mask]  # [n, H]: only rows that count
         labels = input_ids[:, shift:].reshape(-1)[mask]  # [n]
         if t2d is not None:
             labels = t2d[labels]  # -1: not in the draft vocabulary
         n = mask.sum()
         if feats.shape[0] == 0:
+            # keep every head's parameters in the graph (zero gradient): DDP needs each one reduced
+            total = total + 0.0 * heads.head_logits(hidden[:1, :1], k).sum()
             metrics.update({f"head{k}/loss_sum": n.float() * 0, f"head{k}/top1": n * 0, f"head{k}/top5": n * 0,
                             f"head{k}/count": n})
             continue
-        logits = heads.head_logits(feats, k).float()  # [n, V]
+        logits = heads.head_logits(feats, k)  # [n, V]; cross_entropy runs in fp32 under autocast
         ce = F.cross_entropy(logits, labels, reduction="sum", ignore_index=-1)
         total = total + weights[k] * ce / n
         with torch.no_grad():

@@ -30,3 +30,31 @@ def test_smollm2_greedy_equals_generate(smollm2):
             assert torch.equal(out.sequences, ref), text
         copied = max(copied, gens[0].generate(ids, max_new_tokens=24).stats.mean_accepted_length)
     assert copied > 2  # the list prompt is copy-heavy
+
+
+@pytest.mark.slow
+def test_smollm2_trained_heads_greedy_equals_generate(smollm2, tmp_path):
+    """Heads trained briefly on the real default (shipped config: shared lm_head, 8k draft vocabulary)
+    accept drafts, and the output stays exactly the target's on chat prompts."""
+    from pathlib import Path
+
+    from headway.heads import load_drafter
+    from headway.train.config import load_config
+    from headway.train.medusa import MedusaRunConfig, train
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "medusa" / "smollm2-135m.yaml"
+    train(load_config(MedusaRunConfig, config, [
+        "data.source=packaged", "data.max_examples=300", "data.max_length=64", "train.batch_size=8",
+        "train.max_steps=25", "train.lr=3e-3", "train.trackers=[]", f"train.output_dir={tmp_path}"]))
+    model, tokenizer = smollm2
+    gen = SpeculativeGenerator(model, load_drafter(tmp_path), tree="tree-7")
+    accepted = 0
+    for text in ["What is your favorite color?", "Tell me a joke about computers.", "How are you today?"]:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+        out = gen.generate(ids, max_new_tokens=32, eos_token_id=tokenizer.eos_token_id)
+        assert torch.equal(out.sequences, ref), text
+        accepted += sum(a > 1 for a in out.stats.accepted_per_step)
+    assert accepted >= 3, "the trained heads never got a draft token accepted"

@@ -70,3 +70,16 @@ def test_model_and_data_flags():
     cfg = parse_args(["--config", str(CONFIGS / "medusa" / "tiny.yaml"), "--model", "org/model", "--data", "x.jsonl",
                       "train.lr=0.5"])
     assert (cfg.model, cfg.data.source, cfg.train.lr) == ("org/model", "x.jsonl", 0.5)
+
+
+def test_interval_and_vocab_bounds():
+    with pytest.raises(ConfigError, match="log_every"):
+        load_config(MedusaRunConfig, CONFIGS / "medusa" / "tiny.yaml", ["train.log_every=0"])
+    # a draft vocabulary larger than the placeholder vocab_size is fine in a run config ...
+    cfg = load_config(MedusaRunConfig, CONFIGS / "medusa" / "tiny.yaml", ["heads.draft_vocab_size=64000"])
+    assert cfg.heads.draft_vocab_size == 64000
+    # ... and refused against the real target when the heads are built
+    from headway.heads import MedusaConfig, MedusaHeads
+
+    with pytest.raises(ValueError, match="exceeds the target's vocab_size 300"):
+        MedusaHeads(MedusaConfig(hidden_size=8, vocab_size=300, draft_vocab_size=301))

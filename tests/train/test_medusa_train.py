@@ -176,3 +176,17 @@ def test_reduced_draft_vocabulary_training(tmp_path):
     assert frequent_tokens(ex, 5, 10) == [6, 7, 5, 0, 1]  # fewer distinct tokens: lowest unused ids fill up
     with pytest.raises(ValueError, match="draft_vocab_size"):
         frequent_tokens(ex, 11, 10)
+
+
+def test_resume_skips_a_metrics_line_cut_by_a_kill(tmp_path):
+    out = tmp_path / "run"
+    cfg = ["train.max_steps=4", "train.save_every=2", "train.trackers=[]", "train.log_every=1"]
+    train(tiny_cfg(out, *cfg))
+    (out / "model.safetensors").unlink()
+    (out / "eval_metrics.json").unlink()  # as if killed after the step-2 checkpoint
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "loss": 1.2')
+    train(tiny_cfg(out, *cfg))
+    steps = [m["step"] for m in _metrics(out) if "loss" in m]
+    assert steps == [1, 2, 3, 4]
+    assert json.loads((out / "run_config.json").read_text())["num_processes"] == 1
