@@ -88,12 +88,17 @@ def retrieve_indices(parents: Sequence[int]) -> torch.Tensor:
     leaves = [i for i in range(len(parents)) if not children[i]]
     rows = []
     for leaf in leaves:
-        path = [leaf]
-        while path[-1] != 0:
-            path.append(parents[path[-1]])
-        rows.append(path[::-1])
+        rows.append(node_path(parents, leaf))
     width = max(len(r) for r in rows)
     return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+def node_path(parents: Sequence[int], node: int) -> list[int]:
+    """Node indices from the root (0) down to ``node``."""
+    path = [node]
+    while path[-1] != 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
 
 
 def paths_of(parents: Sequence[int], ranks: Sequence[int]) -> list[Path_]:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -19,6 +20,20 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write through a temporary file in the same folder: readers see the old or the new file, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def checkpoint_dirs(root: Path) -> list[Path]:

@@ -23,12 +23,12 @@ import logging
 import os
 import random
 import re
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from headway.heads.target import headway_cache_dir
+from headway.train.checkpoint import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -420,16 +420,7 @@ def _cache_key(cfg: DataConfig, source: str, tokenizer) -> str:
 
 def _atomic_write_json(path: Path, obj) -> None:
     """Write via a temp file in the same folder, so readers never see a half-written cache."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, json.dumps(obj, separators=(",", ":")))
 
 
 def split_indices(n: int, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:

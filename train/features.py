@@ -19,6 +19,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from headway.train.checkpoint import atomic_write_text
+
 INDEX_NAME = "index.json"
 
 
@@ -106,9 +108,7 @@ def cache_features(target, examples: list[dict], out_dir: str | Path, *, meta: d
 
 
 def _write_index(path: Path, meta: dict, shards: list[str], complete: bool, **extra) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"meta": meta, "shards": shards, "complete": complete, **extra}, indent=2))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps({"meta": meta, "shards": shards, "complete": complete, **extra}, indent=2))
 
 
 def load_cached_features(out_dir: str | Path, expect_meta: dict | None = None) -> list[dict]:

@@ -137,7 +137,7 @@ def prepare_output_dir(cfg: TrainConfig, run_config: dict, acc: Accelerator) -> 
             raise ValueError(f"{out} is not empty and holds no headway run; choose another "
                              "train.output_dir or pass train.overwrite=true")
         out.mkdir(parents=True, exist_ok=True)
-        _atomic_write(saved, json.dumps(run_config, indent=2, default=str))
+        ckpt.atomic_write_text(saved, json.dumps(run_config, indent=2, default=str))
     acc.wait_for_everyone()
     return out
 
@@ -344,10 +344,4 @@ def _truncate_metrics(path: Path, step: int, is_main: bool) -> None:
                 keep.append(line)
         except json.JSONDecodeError:  # a line cut short by a kill
             continue
-    _atomic_write(path, "".join(line + "\n" for line in keep) if step else "")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    ckpt.atomic_write_text(path, "".join(line + "\n" for line in keep) if step else "")

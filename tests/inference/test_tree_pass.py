@@ -6,7 +6,7 @@ import torch
 
 from headway.heads.tiny import build_tiny_target
 from headway.inference.kv_cache import check_compactable, compact_cache, new_cache
-from headway.inference.tree import load_tree
+from headway.inference.tree import load_tree, node_path
 from headway.inference.tree_attention import check_attention, prefill, tree_forward
 
 FAMILIES = ["llama", "qwen2", "gpt2"]
@@ -16,6 +16,19 @@ FAMILIES = ["llama", "qwen2", "gpt2"]
 def family_model(request):
     model, _ = build_tiny_target(request.param, seed=3)
     return model.to(torch.float64)
+
+
+def _prefilled(model, tree, prompt_len: int, seed: int):
+    """Random prompt and tree tokens (node 0 = the prompt's last token); a cache prefilled with
+    the prompt minus its last token."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(4, 200, (prompt_len,), generator=g)
+    nodes = torch.randint(4, 200, (tree.size,), generator=g)
+    nodes[0] = prompt[-1]
+    cache = new_cache(model)
+    with torch.no_grad():
+        prefill(model, cache, prompt[None, :-1])
+    return prompt, nodes, cache
 
 
 def _causal_logits(model, ids):
@@ -30,21 +43,13 @@ def test_tree_pass_matches_causal_paths(family_model, attn, tree_name):
     model.set_attn_implementation(attn)
     check_attention(model)
     tree = load_tree(tree_name)
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(4, 200, (9,), generator=g)
-    nodes = torch.randint(4, 200, (tree.size,), generator=g)
-    nodes[0] = prompt[-1]
-    cache = new_cache(model)
+    prompt, nodes, cache = _prefilled(model, tree, prompt_len=9, seed=0)
     with torch.no_grad():
-        prefill(model, cache, prompt[None, :-1])
         logits, hidden, width = tree_forward(model, cache, tree, nodes, prefix_len=8, output_hidden=True, pad_to=4)
     assert width == max(tree.size, 4) and cache.get_seq_length() == 8 + width
     tol = 1e-10 if attn == "sdpa" else 1e-6  # eager runs its softmax in fp32 even for fp64 models
     for i in range(tree.size):
-        path = [i]
-        while path[-1] != 0:
-            path.append(tree.parents[path[-1]])
-        ids = torch.cat([prompt[:-1], nodes[path[::-1]]])
+        ids = torch.cat([prompt[:-1], nodes[node_path(tree.parents, i)]])
         torch.testing.assert_close(logits[i], _causal_logits(model, ids)[-1], rtol=0, atol=tol)
     # the final-norm hidden state feeds lm_head
     torch.testing.assert_close(model.get_output_embeddings()(hidden), logits, rtol=0, atol=1e-10)
@@ -55,18 +60,10 @@ def test_tree_pass_matches_causal_paths(family_model, attn, tree_name):
 def test_compaction_leaks_nothing(family_model, keep_leaf):
     model = family_model
     tree = load_tree("tree-15")
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(4, 200, (7,), generator=g)
-    nodes = torch.randint(4, 200, (tree.size,), generator=g)
-    nodes[0] = prompt[-1]
-    cache = new_cache(model)
+    prompt, nodes, cache = _prefilled(model, tree, prompt_len=7, seed=1)
     with torch.no_grad():
-        prefill(model, cache, prompt[None, :-1])
         tree_forward(model, cache, tree, nodes, prefix_len=6)
-        path = [keep_leaf]
-        while path[-1] != 0:
-            path.append(tree.parents[path[-1]])
-        path = path[::-1]
+        path = node_path(tree.parents, keep_leaf)
         compact_cache(cache, 6, path, tree.size)
         assert cache.get_seq_length() == 6 + len(path)
         # the next forward (two tokens) sees exactly prompt + accepted path
