@@ -1,6 +1,7 @@
 """The classic separate draft model (Leviathan et al. 2022, arXiv:2211.17192; Chen et al. 2023,
 arXiv:2302.01318): a small causal LM with the target's tokenizer drafts a chain of gamma tokens,
-or a tree of its top-k / without-replacement samples expanded level by level with tree attention.
+or a tree of its top-k / without-replacement samples expanded level by level with tree attention
+(a static tree, or an EAGLE-2 dynamic tree; the expansion is shared with EAGLE: inference/expand.py).
 
 Its own KV cache always ends the round holding exactly the context (prompt + accepted tokens):
 draft entries are cropped off, and the next round first feeds the tokens it has not seen (the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from headway.inference.drafter import Draft, DraftContext, Drafter, root_only, sample_children
+from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
 from headway.inference.kv_cache import crop_to, new_cache
 from headway.inference.tree import Tree, chain
 from headway.inference.tree_attention import chain_forward, check_attention
@@ -78,6 +80,13 @@ class DraftModelDrafter(Drafter):
         if not tree.is_chain:
             check_attention(self.model)  # tree drafting needs the 4D mask too
 
+    def resolve_tree(self, spec):
+        """A static tree, or EAGLE-2 dynamic settings ``{"depth", "top_k", "total_tokens"}``."""
+        if isinstance(spec, dict):
+            check_attention(self.model)
+            return DynamicTree.from_spec(spec)
+        return super().resolve_tree(spec)
+
     def reset(self) -> None:
         self._cache = new_cache(self.model)
         self._cached = 0
@@ -90,18 +99,23 @@ class DraftModelDrafter(Drafter):
         room = self._context - length if self._context else ctx.max_depth  # positions left in the draft's window
         if room < 0:
             return root_only(ctx)  # past the draft model's context: no drafting, plain decoding speed
-        tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(min(ctx.max_depth, room))
+        tree = self.default_tree() if ctx.tree is None else ctx.tree
+        if isinstance(tree, Tree):
+            tree = tree.truncate(min(ctx.max_depth, room))
         if self._cached >= length:  # defensive: the root must be fed to get its distribution
             crop_to(self._cache, length - 1)
             self._cached = length - 1
         logits = chain_forward(self.model, self._cache, ctx.tokens[self._cached:], self._cached)  # [V]
         self._cached = length
-        if tree.size == 1:
+        self._device = ctx.tokens.device
+        if isinstance(tree, DynamicTree):
+            draft = expand_dynamic(tree, min(ctx.max_depth, room), int(ctx.tokens[-1]), logits, self._feed(length))
+        elif tree.size == 1:
             return root_only(ctx)
-        if tree.is_chain:
+        elif tree.is_chain:
             draft = self._chain(ctx, tree, logits)
         else:
-            draft = self._tree(ctx, tree, logits)
+            draft = expand_static(tree, int(ctx.tokens[-1]), logits, self._feed(length), ctx.sampling, ctx.generator)
         crop_to(self._cache, length)  # drop every draft entry: the cache holds the context only
         return draft
 
@@ -117,35 +131,14 @@ class DraftModelDrafter(Drafter):
                 logits = chain_forward(self.model, self._cache, tok[0], length + d)
         return Draft(tree, torch.cat(tokens), q if ctx.sampling is not None else None)
 
-    def _tree(self, ctx: DraftContext, tree: Tree, root_logits: torch.Tensor) -> Draft:
-        """Expand depth by depth: feed the nodes of depth d that have children (one forward with a
-        tree mask over the cached context and the nodes fed so far), then pick their children."""
-        device, dtype = ctx.tokens.device, self.model.dtype
-        length = ctx.tokens.shape[0]
-        tokens = torch.empty(tree.size, dtype=torch.long, device=device)
-        tokens[0] = ctx.tokens[-1]
-        q = {}
-        fed: list[int] = []  # tree nodes (depth >= 1) in the cache, in feeding order
-        frontier, logits = [0], root_logits[None]  # nodes whose children are picked next, their logits [R, V]
-        while frontier:
-            most = max(len(tree.children[n]) for n in frontier)
-            k = max(most, max(tree.ranks[c] for n in frontier for c in tree.children[n]) + 1)
-            cand, dist = sample_children(logits, k, ctx.sampling, ctx.generator)  # [R, k], [R, V] | None
-            for row, node in enumerate(frontier):
-                for j, child in enumerate(tree.children[node]):
-                    # greedy: the rank-r token; sampling: the j-th draw without replacement
-                    tokens[child] = cand[row, tree.ranks[child] if dist is None else j]
-                if dist is not None:
-                    q[node] = dist[row]
-            frontier = [c for n in frontier for c in tree.children[n] if tree.children[c]]
-            if not frontier:
-                break
-            mask = tree.mask[frontier][:, fed + frontier]  # [R, F + R] ancestors among fed nodes and self
-            add = torch.zeros((1, 1, len(frontier), length + len(fed) + len(frontier)), dtype=dtype, device=device)
-            add[0, 0, :, length:] = (~mask).to(device).to(dtype) * torch.finfo(dtype).min
-            positions = torch.tensor([length - 1 + tree.depths[n] for n in frontier], device=device)[None]
-            out = self.model(input_ids=tokens[frontier][None], position_ids=positions, attention_mask=add,
-                             cache=self._cache, use_cache=True)
-            logits = out.logits[0]  # [R, V]
-            fed += frontier
-        return Draft(tree, tokens, q if ctx.sampling is not None else None)
+    def _feed(self, length: int):
+        """The model run for the shared expansion: nodes after the cached context and the nodes fed."""
+        def feed(exp: Expansion, nodes: list[int]) -> torch.Tensor:
+            device, dtype = self._device, self.model.dtype
+            mask = feed_mask(exp, nodes, length, dtype, device)  # [1, 1, R, length + F + R]
+            ids = torch.tensor([exp.tokens[n] for n in nodes], device=device)[None]
+            positions = torch.tensor([length - 1 + exp.depths[n] for n in nodes], device=device)[None]
+            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self._cache,
+                             use_cache=True)
+            return out.logits[0]  # [R, V]
+        return feed

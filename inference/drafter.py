@@ -1,9 +1,10 @@
 """The one interface every drafter implements; the generator never knows which drafter it runs.
 
 Each round the generator hands the drafter a ``DraftContext`` (all tokens so far, the last one
-being the root; the target's final-norm hidden state that predicted the root; the tree budget;
-the sampling settings) and gets back a ``Draft``: a tree of candidate tokens and, when the
-candidates were sampled, the distributions q they were drawn from.
+being the root; the target's features, at the layers the drafter asked for, of every position
+the drafter has not been shown yet; the tree budget; the sampling settings) and gets back a
+``Draft``: a tree of candidate tokens and, when the candidates were sampled, the distributions q
+they were drawn from.
 """
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ import dataclasses
 
 import torch
 
-from headway.inference.tree import Tree
+from headway.inference.tree import Tree, load_tree
 from headway.inference.verify import SamplingParams, probs
 
 
 @dataclasses.dataclass
 class DraftContext:
     tokens: torch.Tensor  # [L] every token so far (prompt + generated) on the target's device; tokens[-1] is the root
-    hidden: torch.Tensor | None  # [H] target's final-norm hidden state at position L-2 (it predicted the root), or None
-    tree: Tree | None  # the generator's tree (static shape or a cap for dynamic drafters); None: the drafter's own
+    features: torch.Tensor | None  # [n, F] target features (the drafter's feature_layers, concatenated) of
+    # positions L-1-n .. L-2, the ones made since the last round (prefill: the whole prompt but the root);
+    # features[-1] is at the position that predicted the root. None when the drafter asks for no layers.
+    tree: object | None  # what the drafter's resolve_tree made of the user's tree (a Tree or dynamic settings)
     max_depth: int  # nodes deeper than this are useless this round (max_new_tokens budget)
     sampling: SamplingParams | None  # None: greedy
     generator: torch.Generator | None  # the only source of randomness
@@ -38,7 +41,9 @@ class Draft:
 class Drafter:
     """Base class. Subclasses implement ``propose``; the rest has sensible defaults."""
 
-    needs_hidden: bool = False  # the generator then requests output_hidden_states in verification
+    # target layers (transformers hidden_states ids; L = after the final norm) whose features the
+    # generator captures with forward hooks and hands over in DraftContext.features; None: no features
+    feature_layers: list[int] | None = None
 
     def bind(self, target_model) -> None:
         """Check compatibility with the target (vocabulary, hidden size) and move to its device."""
@@ -46,6 +51,10 @@ class Drafter:
     def default_tree(self) -> Tree | None:
         """The tree used when the generator gets ``tree=None`` (None: the drafter builds its own)."""
         return None
+
+    def resolve_tree(self, spec):
+        """Turn the user's ``tree`` argument into what ``propose`` reads (default: a static Tree)."""
+        return load_tree(spec) if spec is not None else self.default_tree()
 
     def check_tree(self, tree: Tree) -> None:
         """Raise ValueError when ``tree`` asks for more than this drafter offers."""
@@ -86,17 +95,22 @@ def as_drafter(obj) -> Drafter:
     """Wrap what the user passed: a Drafter, ``MedusaHeads``, or a transformers causal LM (draft model)."""
     if isinstance(obj, Drafter):
         return obj
+    from headway.heads.eagle import EagleHead
     from headway.heads.medusa import MedusaHeads
 
     if isinstance(obj, MedusaHeads):
         from headway.inference.medusa import MedusaDrafter
 
         return MedusaDrafter(obj)
+    if isinstance(obj, EagleHead):
+        from headway.inference.eagle import EagleDrafter
+
+        return EagleDrafter(obj)
     from transformers import PreTrainedModel
 
     if isinstance(obj, PreTrainedModel) and obj.get_output_embeddings() is not None:
         from headway.inference.draft_model import DraftModelDrafter
 
         return DraftModelDrafter(obj)
-    raise ValueError(f"unsupported drafter {type(obj).__name__}: pass MedusaHeads, a transformers causal LM sharing "
+    raise ValueError(f"unsupported drafter {type(obj).__name__}: pass MedusaHeads, EagleHead, a transformers causal LM sharing "
                      "the target's tokenizer, PromptLookup(...), or a headway.inference.Drafter")

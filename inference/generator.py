@@ -9,15 +9,17 @@ sampling (Leviathan et al. 2022, arXiv:2211.17192; SpecInfer, arXiv:2305.09781).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
 
 import torch
 
+from headway.heads.features import FeatureCapture
 from headway.inference.drafter import Draft, DraftContext, as_drafter
 from headway.inference.kv_cache import compact_cache, new_cache
-from headway.inference.tree import load_tree
+from headway.inference.tree import Tree
 from headway.inference.tree_attention import check_attention, prefill, tree_forward
 from headway.inference.verify import (LazyProbs, SamplingParams, check_sampling_args, probs, verify_greedy,
                                       verify_sampling, verify_typical)
@@ -97,8 +99,8 @@ class SpeculativeGenerator:
         self.target = target_model
         self.drafter = as_drafter(drafter)
         self.drafter.bind(target_model)
-        self.tree = load_tree(tree) if tree is not None else self.drafter.default_tree()
-        if self.tree is not None:
+        self.tree = self.drafter.resolve_tree(tree)  # a static Tree, or what the drafter makes of the spec
+        if isinstance(self.tree, Tree):
             self.drafter.check_tree(self.tree)
         self.acceptance = acceptance
         self.pad_to = pad_to
@@ -135,55 +137,58 @@ class SpeculativeGenerator:
         stats = GenerationStats(acceptance=self.acceptance,
                                 lossy=self.acceptance == "typical" and sampling is not None)
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-        drafter, needs_hidden = self.drafter, self.drafter.needs_hidden
-
-        t0 = time.perf_counter()
-        drafter.reset()
-        cache = new_cache(self.target)
-        length = prompt.shape[0]
-        seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=self.device)  # prompt + new tokens
-        seq[:length] = prompt
-        hidden = None
-        if length > 1:  # the last prompt token becomes the first root
-            _, hidden = prefill(self.target, cache, prompt[None, :-1], output_hidden=needs_hidden)
-        sync()
-        stats.time_prefill = time.perf_counter() - t0
-
-        while stats.new_tokens < max_new_tokens:
-            budget = max_new_tokens - stats.new_tokens
+        drafter, layers = self.drafter, self.drafter.feature_layers
+        with contextlib.ExitStack() as stack:
+            # forward hooks keep only the layers the drafter reads, for the positions it has not seen
+            capture = stack.enter_context(FeatureCapture(self.target, layers)) if layers else None
             t0 = time.perf_counter()
-            draft = drafter.propose(DraftContext(seq[:length], hidden, self.tree, budget - 1, sampling, generator))
-            if draft.tokens.shape[0] != draft.tree.size:
-                raise RuntimeError(f"{type(drafter).__name__} returned {draft.tokens.shape[0]} tokens "
-                                   f"for a tree of {draft.tree.size} nodes")
+            drafter.reset()
+            cache = new_cache(self.target)
+            length = prompt.shape[0]
+            seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=self.device)  # prompt + new tokens
+            seq[:length] = prompt
+            features = None  # [n, F] features of the positions made since the drafter last saw any
+            if length > 1:  # the last prompt token becomes the first root
+                prefill(self.target, cache, prompt[None, :-1])
+                features = capture.pop()[0] if capture else None  # [P - 1, F]
             sync()
-            t1 = time.perf_counter()
-            logits, hidden_all, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
-                                                     output_hidden=needs_hidden, pad_to=self.pad_to)
-            sync()
-            t2 = time.perf_counter()
-            path, new = self._accept(draft, logits, sampling, generator)
-            compact_cache(cache, length - 1, path, width)
-            if needs_hidden:
-                hidden = hidden_all[path[-1]]  # predicted the new root
-            new = new[:budget]
-            hit = next((i for i, t in enumerate(new) if t in eos), None)
-            if hit is not None:
-                new = new[:hit + 1]
-            seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
-            length += len(new)
-            stats.new_tokens += len(new)
-            stats.target_forward_passes += 1
-            stats.accepted_per_step.append(len(new))
-            stats.draft_depth_per_step.append(draft.tree.depth)
-            stats.verify_width_per_step.append(width)
-            sync()
-            t3 = time.perf_counter()
-            stats.time_draft += t1 - t0
-            stats.time_verify += t2 - t1
-            stats.time_bookkeeping += t3 - t2
-            if hit is not None:
-                break
+            stats.time_prefill = time.perf_counter() - t0
+
+            while stats.new_tokens < max_new_tokens:
+                budget = max_new_tokens - stats.new_tokens
+                t0 = time.perf_counter()
+                draft = drafter.propose(DraftContext(seq[:length], features, self.tree, budget - 1, sampling, generator))
+                if draft.tokens.shape[0] != draft.tree.size:
+                    raise RuntimeError(f"{type(drafter).__name__} returned {draft.tokens.shape[0]} tokens "
+                                       f"for a tree of {draft.tree.size} nodes")
+                sync()
+                t1 = time.perf_counter()
+                logits, _, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
+                                                pad_to=self.pad_to)
+                sync()
+                t2 = time.perf_counter()
+                path, new = self._accept(draft, logits, sampling, generator)
+                compact_cache(cache, length - 1, path, width)
+                if capture:  # the accepted path's features: positions length-1 .. length-1+accepted
+                    features = capture.pop()[0].index_select(0, torch.tensor(path, device=self.device))
+                new = new[:budget]
+                hit = next((i for i, t in enumerate(new) if t in eos), None)
+                if hit is not None:
+                    new = new[:hit + 1]
+                seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
+                length += len(new)
+                stats.new_tokens += len(new)
+                stats.target_forward_passes += 1
+                stats.accepted_per_step.append(len(new))
+                stats.draft_depth_per_step.append(draft.tree.depth)
+                stats.verify_width_per_step.append(width)
+                sync()
+                t3 = time.perf_counter()
+                stats.time_draft += t1 - t0
+                stats.time_verify += t2 - t1
+                stats.time_bookkeeping += t3 - t2
+                if hit is not None:
+                    break
         return SpeculativeOutput(seq[:length][None].clone(), stats)
 
     def _accept(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams | None,

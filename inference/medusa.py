@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from headway.heads.features import num_layers
 from headway.heads.medusa import MedusaHeads
 from headway.inference.drafter import Draft, DraftContext, Drafter, root_only
 from headway.inference.tree import Tree, load_tree
@@ -21,11 +22,10 @@ DEFAULT_TREE = "tree-15"
 class MedusaDrafter(Drafter):
     """Wraps ``MedusaHeads``; default tree ``tree-15`` cut to the number of heads."""
 
-    needs_hidden = True
-
     def __init__(self, heads: MedusaHeads):
         self.heads = heads.eval()
         self._default: Tree | None = None
+        self.feature_layers = None  # [L] (the target's final-norm output), set by bind
 
     @property
     def num_heads(self) -> int:
@@ -33,6 +33,7 @@ class MedusaDrafter(Drafter):
 
     def bind(self, target_model) -> None:
         self.heads.bind_target(target_model)  # ValueError naming both sizes on a hidden/vocab mismatch
+        self.feature_layers = [num_layers(target_model)]
         device = next(target_model.parameters()).device
         if next(self.heads.parameters(), torch.empty(0, device=device)).device != device:
             self.heads.to(device)
@@ -48,11 +49,11 @@ class MedusaDrafter(Drafter):
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
         tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(ctx.max_depth)
-        if ctx.hidden is None or tree.size == 1:
+        if ctx.features is None or ctx.features.shape[0] == 0 or tree.size == 1:
             return root_only(ctx)
         depth, k = tree.depth, tree.top_k
         dtype = next(self.heads.parameters()).dtype
-        hidden = ctx.hidden.to(dtype)  # [H]
+        hidden = ctx.features[-1].to(dtype)  # [H]: the final-norm state that predicted the root
         logits = torch.stack([self.heads.head_logits(hidden, d) for d in range(depth)])  # [D, V]
         top = self.heads.to_target_ids(logits.topk(k, dim=-1).indices.reshape(-1))  # [D * k] target ids
         tokens = torch.cat([ctx.tokens[-1:], top[_flat_index(tree, k, top.device)]])  # [N]

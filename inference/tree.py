@@ -268,8 +268,8 @@ def load_tree(spec, top_k: int | None = None, max_depth: int | None = None) -> T
     if isinstance(spec, Tree):
         tree = spec
     elif isinstance(spec, dict):
-        raise ValueError(f"dynamic tree settings {spec} are for EAGLE-2 drafters, which this runtime does not have "
-                         "yet; pass a tree name, a YAML path or a list of paths")
+        raise ValueError(f"dynamic tree settings {spec} are for drafters that grow their own tree (EAGLE heads, "
+                         "draft models); for this drafter pass a tree name, a YAML path or a list of paths")
     elif isinstance(spec, (str, os.PathLike)):
         candidate = Path(spec)
         if candidate.suffix in (".yaml", ".yml") or candidate.is_file():

@@ -12,7 +12,8 @@ from headway.inference.verify import SamplingParams
 
 
 def ctx(tokens, hidden=None, tree=None, max_depth=10, sampling=None, generator=None):
-    return DraftContext(torch.tensor(tokens), hidden, tree, max_depth, sampling, generator)
+    features = None if hidden is None else hidden[None]  # [1, H]: the state that predicted the root
+    return DraftContext(torch.tensor(tokens), features, tree, max_depth, sampling, generator)
 
 
 def test_medusa_candidates_follow_head_topk(tiny_llama):
@@ -23,8 +24,9 @@ def test_medusa_candidates_follow_head_topk(tiny_llama):
         for block in heads.blocks:
             block[0].linear.weight.normal_(0, 0.3)
     drafter = as_drafter(heads)
-    assert isinstance(drafter, MedusaDrafter) and drafter.needs_hidden
+    assert isinstance(drafter, MedusaDrafter)
     drafter.bind(target)
+    assert drafter.feature_layers == [target.config.num_hidden_layers]  # the final-norm output only
     tree = load_tree("tree-15")
     hidden = torch.randn(target.config.hidden_size)
     draft = drafter.propose(ctx([5, 6, 7], hidden, tree))

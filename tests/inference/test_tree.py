@@ -53,7 +53,7 @@ def test_device_tensors_are_additive_float():
     ([[0], []], "non-empty"),
     ([[0], [0.5]], "integers"),
     (5, "list of paths"),
-    ({"depth": 4, "top_k": 8, "total_tokens": 60}, "EAGLE-2"),
+    ({"depth": 4, "top_k": 8, "total_tokens": 60}, "grow their own tree"),
     ([[0], "ab"], "non-empty list"),
 ])
 def test_malformed_trees(paths, match):
