@@ -52,7 +52,7 @@ class EagleConfig(DrafterConfig):
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None  # extra rope_parameters for non-default RoPE types (e.g. llama3)
     max_position_embeddings: int = 8192
-    num_target_layers: int = 30  # the target's depth: feature layer ids are checked against it
+    num_target_layers: int | None = None  # the target's depth (filled by from_target); layer ids are checked against it
     feature_layers: list[int] | None = None  # target hidden-state ids read; None: the version's default
     draft_vocab_size: int | None = None  # score only this many target tokens (d2t/t2d); None: all
     fc_bias: bool | None = None  # None: True for EAGLE-1 (as the official code), False for EAGLE-3
@@ -64,10 +64,13 @@ class EagleConfig(DrafterConfig):
         super().__post_init__()
         if self.version not in (1, 3):
             raise ValueError(f"EAGLE version must be 1 (EAGLE-1/2) or 3 (EAGLE-3), got {self.version}")
-        if self.feature_layers is None:
-            self.feature_layers = default_feature_layers(self.version, self.num_target_layers)
-        self.feature_layers = check_feature_layers(self.feature_layers, self.num_target_layers)
-        if self.version == 1 and len(self.feature_layers) != 1:
+        if self.num_target_layers is not None:  # None: a run config's placeholder, filled from the target
+            if self.feature_layers is None:
+                self.feature_layers = default_feature_layers(self.version, self.num_target_layers)
+            self.feature_layers = check_feature_layers(self.feature_layers, self.num_target_layers)
+        elif self.feature_layers is not None:
+            self.feature_layers = check_feature_layers(self.feature_layers, max(self.feature_layers + [0]))
+        if self.version == 1 and self.feature_layers is not None and len(self.feature_layers) != 1:
             raise ValueError(f"EAGLE-1 reads one feature layer, got feature_layers={self.feature_layers}")
         if self.fc_bias is None:
             self.fc_bias = self.version == 1
@@ -86,6 +89,9 @@ class EagleConfig(DrafterConfig):
     @property
     def feature_width(self) -> int:
         """Width of the target features the drafter reads: hidden_size x feature layers."""
+        if self.feature_layers is None:
+            raise ValueError("EagleConfig has no num_target_layers / feature_layers yet: build the drafter with "
+                             "EagleHead.from_target(target, ...)")
         return self.hidden_size * len(self.feature_layers)
 
     def llama_config(self):
@@ -224,6 +230,8 @@ class EagleHead(Drafter):
         super().__init__(config)
         from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
+        if config.num_target_layers is None:
+            raise ValueError("EagleConfig.num_target_layers is unset: build the drafter with EagleHead.from_target")
         if config.draft_vocab_size is not None and config.draft_vocab_size > config.vocab_size:
             raise ValueError(f"draft_vocab_size {config.draft_vocab_size} exceeds the target's vocab_size "
                              f"{config.vocab_size}; choose at most {config.vocab_size}")
@@ -278,8 +286,6 @@ class EagleHead(Drafter):
         if config is not None:
             fields.update({k: getattr(config, k) for k in ("version", "feature_layers", "draft_vocab_size",
                                                            "fc_bias", "store_embeddings")})
-            if config.feature_layers == default_feature_layers(config.version, config.num_target_layers):
-                fields["feature_layers"] = None  # a placeholder default: recompute for this target's depth
             if config.fc_bias == (config.version == 1):
                 fields["fc_bias"] = None  # the version's default
         if version is not None:

@@ -1,10 +1,15 @@
 """Cache the frozen target's features once, so drafter heads can train for many epochs.
 
     python scripts/cache_features.py --config configs/medusa/smollm2-135m.yaml --out CACHE_DIR [key=value ...]
+    python scripts/cache_features.py --config EAGLE_CONFIG.yaml --out CACHE_DIR --layers 2,15,27,30
 
 Tokenizes the run config's data exactly as training would (same split), runs the target once
-over every sequence and writes safetensors shards to CACHE_DIR/train and CACHE_DIR/heldout.
-Interrupted runs resume per shard. Then train with ``features=CACHE_DIR``.
+over every sequence and writes safetensors shards to CACHE_DIR/train and CACHE_DIR/heldout: the
+hidden states of ``--layers`` side by side (bf16 by default) and the target's argmax per token.
+Without ``--layers`` the run config decides: a config with an ``eagle:`` section caches its
+feature layers (the EAGLE version's default unless ``eagle.feature_layers`` names them) plus the
+final layer L; any other config caches ``[L]`` (Medusa, EAGLE-1). A cache with more layers serves
+a run that needs fewer. Interrupted runs resume per shard. Then train with ``features=CACHE_DIR``.
 """
 
 from __future__ import annotations
@@ -16,22 +21,71 @@ import time
 
 import torch
 
-from headway.heads.target import load_target
-from headway.train.config import ConfigError, load_config
-from headway.train.data import build_datasets
-from headway.train.features import cache_features
-from headway.train.medusa import MedusaRunConfig
+from headway.heads.features import check_feature_layers, num_layers
+from headway.heads.target import DEFAULT_MODEL, load_target
+from headway.train.config import ConfigError, _coerce, apply_overrides, from_dict, read_yaml
+from headway.train.data import DataConfig, build_datasets
+from headway.train.features import cache_features, feature_fingerprint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def read_run_config(path: str | None, overrides: list[str]) -> tuple[str, DataConfig, dict | None]:
+    """(model, data config, eagle section or None) of a run config.
+
+    Configs with a top-level ``eagle:`` section are read for ``model`` and ``data`` only (the
+    rest belongs to the EAGLE trainer); any other config is a Medusa run config, checked whole."""
+    raw = apply_overrides(read_yaml(path) if path else {}, list(overrides))
+    if "eagle" in raw:
+        eagle = raw["eagle"] or {}
+        if not isinstance(eagle, dict):
+            raise ConfigError(f"eagle: expected a section (mapping), got {eagle!r}")
+        model = _coerce(raw.get("model", DEFAULT_MODEL), str, "model")
+        data = raw.get("data") or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"data: expected a section (mapping), got {data!r}")
+        return model, from_dict(DataConfig, data, prefix="data."), eagle
+    from headway.train.medusa import MedusaRunConfig
+
+    cfg = from_dict(MedusaRunConfig, raw)
+    return cfg.model, cfg.data, None
+
+
+def default_layers(eagle: dict | None, depth: int) -> list[int]:
+    """The layers a run needs: ``[L]`` without an eagle section; else the EAGLE feature layers
+    (``eagle.feature_layers`` or the version's default) plus ``L`` for the target's distribution."""
+    if eagle is None:
+        return [depth]
+    from headway.heads.eagle import EagleConfig, default_feature_layers
+
+    version = _coerce(eagle.get("version", EagleConfig.version), int, "eagle.version")
+    if version not in (1, 3):
+        raise ConfigError(f"eagle.version must be 1 (EAGLE-1/2) or 3 (EAGLE-3), got {version}")
+    chosen = eagle.get("feature_layers")
+    chosen = default_feature_layers(version, depth) if chosen is None else _coerce(chosen, list[int], "eagle.feature_layers")
+    layers = check_feature_layers(chosen, depth, "eagle.feature_layers")
+    return layers if depth in layers else [*layers, depth]
+
+
+def parse_layers(text: str, depth: int) -> list[int]:
+    try:
+        layers = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ValueError(f"--layers {text!r} is not a comma-separated list of layer ids (e.g. 2,15,27,30)") from None
+    return check_feature_layers(layers, depth, "--layers")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="the training run config whose model and data to cache")
     parser.add_argument("--out", required=True, help="output folder (train/ and heldout/ are created)")
+    parser.add_argument("--layers", help="comma-separated target layer ids (0 = embeddings, L = after the final "
+                                         "norm); default: what the run config needs")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--shard-size", type=int, default=256, help="sequences per shard")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="storage dtype of the features")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16", help="storage dtype of the features")
+    parser.add_argument("--no-argmax", action="store_true",
+                        help="do not store the target's argmax per token (EAGLE-3 training needs it)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the run config")
     args = parser.parse_args(argv)
@@ -39,20 +93,26 @@ def main(argv=None) -> None:
         sys.exit("error: --batch-size and --shard-size must be >= 1")
     torch.set_num_threads(args.threads)
     try:
-        cfg = load_config(MedusaRunConfig, args.config, args.overrides)
-        target, tokenizer = load_target(cfg.model)
-        train, heldout = build_datasets(cfg.data, tokenizer, cfg.model)
-        meta = {"model": cfg.model, "data": dataclasses.asdict(cfg.data), "dtype": args.dtype,
-                "shard_size": args.shard_size}
+        model, data, eagle = read_run_config(args.config, args.overrides)
+        target, tokenizer = load_target(model)
+        depth = num_layers(target)
+        layers = parse_layers(args.layers, depth) if args.layers else default_layers(eagle, depth)
+        fingerprint = feature_fingerprint(target, tokenizer, layers)
+        train, heldout = build_datasets(data, tokenizer, model)
+        meta = {"model": model, "data": dataclasses.asdict(data)}
         start = time.perf_counter()
         for name, examples in (("train", train), ("heldout", heldout)):
-            cache_features(target, examples, f"{args.out}/{name}", meta={**meta, "split": name},
-                           batch_size=args.batch_size, shard_size=args.shard_size, dtype=_DTYPES[args.dtype])
+            cache_features(target, examples, f"{args.out}/{name}", layers=layers, meta={**meta, "split": name},
+                           batch_size=args.batch_size, shard_size=args.shard_size, dtype=_DTYPES[args.dtype],
+                           with_argmax=not args.no_argmax, fingerprint=fingerprint)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         sys.exit(f"error: {exc}")
     tokens = sum(len(e["input_ids"]) for e in train + heldout)
-    print(f"cached {len(train)} + {len(heldout)} sequences ({tokens} tokens) in {time.perf_counter() - start:.1f} s "
-          f"to {args.out}")
+    per_token = len(layers) * fingerprint["hidden_size"] * torch.empty((), dtype=_DTYPES[args.dtype]).element_size()
+    print(f"cached {len(train)} + {len(heldout)} sequences ({tokens} tokens), layers {layers}, {args.dtype}, "
+          f"in {time.perf_counter() - start:.1f} s to {args.out}")
+    print(f"{per_token} feature bytes per token ({per_token * tokens / 2**20:.1f} MiB of features"
+          f"{', plus 4 bytes per token of argmax' if not args.no_argmax else ''})")
 
 
 if __name__ == "__main__":

@@ -1,27 +1,65 @@
 """Target features for drafter training: computed online, or cached once to safetensors shards.
 
 Medusa and EAGLE-1 read the target's last hidden state (after the final norm, so that
-``lm_head(h) == logits``). Computing it needs a full frozen forward of the target; caching it
-to disk lets the heads train for many epochs without running the target again.
+``lm_head(h) == logits``, layer id ``L``); EAGLE-3 reads several layers at once (e.g. the inputs of
+layers 2, L//2 and L-3) plus, for its loss mask, the target's own next-token choice. Computing
+them needs a full frozen forward of the target; caching them to disk lets a drafter train for
+many epochs without running the target again. Layer ids follow ``headway.heads.features``.
 
-Cache layout (``out_dir``): ``index.json`` (what was cached, from which model and data) and
-``shard-00000.safetensors`` ... each holding ``hidden`` [N, H] (all tokens of the shard's
-sequences, concatenated), ``input_ids`` [N], ``loss_mask`` [N] and ``offsets`` [S+1].
+Cache layout (``out_dir``): ``index.json`` (what was cached, from which target, tokenizer, layers
+and data; see ``feature_fingerprint``) and ``shard-00000.safetensors`` ... each holding, for the
+shard's sequences concatenated (N tokens, S sequences):
+
+- ``features`` [N, len(layers) * H] in the storage dtype (bf16 by default), the layers side by side
+  in the order of ``layers``;
+- ``input_ids`` [N] int64, ``loss_mask`` [N] uint8, ``offsets`` [S + 1] int64;
+- ``argmax`` [N] int32 (optional): the target's full-vocabulary argmax at each position.
+
+Reading is lazy (``load_cached_features``): shards are memory-mapped with ``safe_open`` and only
+the rows (and columns, for a layer subset) of the example asked for are read; token ids and loss
+masks of all shards are held in RAM.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
+import hashlib
 import json
+import operator
 import os
+from collections.abc import Iterator, KeysView, ItemsView, ValuesView
 from pathlib import Path
+
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from headway.heads.features import capture_features, check_feature_layers, num_layers
 from headway.train.checkpoint import atomic_write_text
 
 INDEX_NAME = "index.json"
+# Bump when the shard layout or the index changes; older caches are refused with a clear message.
+CACHE_FORMAT = 2
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+_RECREATE = "recreate the cache with scripts/cache_features.py"
+# Config fields that change with how a model was loaded or saved, not with what it computes.
+_VOLATILE_CONFIG_KEYS = {"transformers_version", "dtype", "torch_dtype", "architectures", "use_cache",
+                         "output_hidden_states", "output_attentions", "return_dict", "attn_implementation"}
+# Fingerprint fields, in the order they are checked, with what they describe in error messages.
+_FINGERPRINT_FIELDS = {
+    "num_layers": "target depth", "hidden_size": "target hidden size", "target_config": "target config",
+    "embed_abs_sum": "target weights (embedding)", "lm_head_abs_sum": "target weights (lm_head)",
+    "tokenizer_vocab": "tokenizer vocabulary",
+}
+_OPEN_SHARDS = 32  # memory-mapped shard handles kept open per cache
+
+
+# ---------------------------------------------------------------------------------------------
+# Online features and batches
+# ---------------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -32,110 +70,546 @@ def last_hidden_state(target, input_ids: torch.Tensor, attention_mask: torch.Ten
     return out.last_hidden_state
 
 
-def pad_batch(examples: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad a list of {input_ids, loss_mask[, hidden]} examples into batch tensors."""
+def pad_batch(examples, pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Right-pad examples {input_ids, loss_mask[, features][, argmax][, hidden]} into batch tensors.
+
+    ``features`` (and the older ``hidden``) are zero-padded in their own dtype, ``argmax`` with -1;
+    ``attention_mask`` marks the real tokens."""
+    examples = list(examples)  # one item object per example: lazy features are read once
     length = max(len(e["input_ids"]) for e in examples)
     batch = {
         "input_ids": torch.full((len(examples), length), pad_id, dtype=torch.long),
         "loss_mask": torch.zeros((len(examples), length), dtype=torch.long),
         "attention_mask": torch.zeros((len(examples), length), dtype=torch.long),
     }
-    if "hidden" in examples[0]:
-        h = examples[0]["hidden"]
-        batch["hidden"] = torch.zeros((len(examples), length, h.shape[-1]), dtype=h.dtype)
+    for key in ("features", "hidden"):
+        if key in examples[0]:
+            h = examples[0][key]
+            batch[key] = torch.zeros((len(examples), length, h.shape[-1]), dtype=h.dtype)
+    if "argmax" in examples[0]:
+        batch["argmax"] = torch.full((len(examples), length), -1, dtype=torch.long)
     for i, e in enumerate(examples):
         n = len(e["input_ids"])
         batch["input_ids"][i, :n] = torch.as_tensor(e["input_ids"])
         batch["loss_mask"][i, :n] = torch.as_tensor(e["loss_mask"])
         batch["attention_mask"][i, :n] = 1
-        if "hidden" in e:
-            batch["hidden"][i, :n] = e["hidden"]
+        for key in ("features", "hidden", "argmax"):
+            if key in batch:
+                batch[key][i, :n] = e[key]
     return batch
 
 
-def _atomic_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+# ---------------------------------------------------------------------------------------------
+# Fingerprint: which target, tokenizer and layers a cache belongs to
+# ---------------------------------------------------------------------------------------------
+
+
+def _sha256(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _stable_config(d):
+    if isinstance(d, dict):
+        return {k: _stable_config(v) for k, v in d.items()
+                if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
+    if isinstance(d, list):
+        return [_stable_config(v) for v in d]
+    return d
+
+
+@torch.no_grad()
+def _abs_sum(weight: torch.Tensor | None) -> str | None:
+    """Sum of |w| in float64 over the bf16-rounded weight, to 6 significant digits.
+
+    Rounding to bf16 first makes the value the same whether the target was loaded in float32 or
+    bf16; |w| keeps it away from zero, where 6 digits would hang on the summation order."""
+    if weight is None or weight.device.type == "meta":
+        return None
+    w = weight.detach().reshape(weight.shape[0], -1) if weight.dim() else weight.detach().reshape(1, 1)
+    total = torch.zeros((), dtype=torch.float64, device=w.device)
+    rows = max(1, (1 << 24) // max(1, w.shape[1]))  # about 16M values (128 MiB in float64) at a time
+    for start in range(0, w.shape[0], rows):
+        total += w[start:start + rows].to(torch.bfloat16).double().abs().sum()
+    return f"{float(total):.6g}"
+
+
+def feature_fingerprint(target, tokenizer, layers) -> dict:
+    """What a feature cache depends on: the target (config hash, depth, hidden size, a weight
+    checksum of the embedding and lm_head), the tokenizer vocabulary and the layer ids.
+
+    ``tokenizer=None`` leaves the vocabulary out (``tokenizer_vocab: None``, never checked)."""
+    config = target.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = check_feature_layers(layers, num_layers(target))
+    out_emb = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+    vocab = None
+    if tokenizer is not None:
+        vocab = hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
+    return {
+        "num_layers": num_layers(target),
+        "hidden_size": int(text.hidden_size),
+        "target_config": _sha256(_stable_config(json.loads(config.to_json_string()))),
+        "embed_abs_sum": _abs_sum(target.get_input_embeddings().weight),
+        "lm_head_abs_sum": _abs_sum(getattr(out_emb, "weight", None)),
+        "tokenizer_vocab": vocab,
+        "layers": layers,
+    }
+
+
+def _fingerprint_diff(stored: dict, expected: dict) -> str | None:
+    """What differs between two fingerprints (layers aside), as words; None when they agree.
+    A field that either side did not record (None) is not compared."""
+    for key, what in _FINGERPRINT_FIELDS.items():
+        a, b = stored.get(key), expected.get(key)
+        if a is not None and b is not None and a != b:
+            shown = f"{a} vs {b}" if key in ("num_layers", "hidden_size") or key.endswith("_sum") else \
+                f"{str(a)[:12]} vs {str(b)[:12]}"
+            return f"the {what} differs ({shown})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
+
+
+def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
     os.replace(tmp, path)
 
 
-def cache_features(target, examples: list[dict], out_dir: str | Path, *, meta: dict, batch_size: int = 8,
-                   shard_size: int = 256, dtype: torch.dtype = torch.float32, device=None) -> Path:
+def _shard_name(s: int) -> str:
+    return f"shard-{s:05d}.safetensors"
+
+
+def _check_existing(index: dict, out_dir: Path, meta: dict, fingerprint: dict, settings: dict) -> None:
+    """A cache folder may only be resumed by the same model, tokenizer, layers, data and settings."""
+    if index.get("format") != CACHE_FORMAT:
+        raise ValueError(f"{out_dir} holds a feature cache of another format (format {index.get('format')}, "
+                         f"this headway writes {CACHE_FORMAT}); choose another folder or delete it")
+    if index.get("meta") != meta:
+        raise ValueError(f"{out_dir} already holds features of another model or data set; "
+                         "choose another folder or delete it")
+    diff = _fingerprint_diff(index.get("fingerprint") or {}, fingerprint)
+    if diff is None and index.get("layers") != fingerprint["layers"]:
+        diff = f"the feature layers differ ({index.get('layers')} vs {fingerprint['layers']})"
+    if diff:
+        raise ValueError(f"{out_dir} already holds features of another target, tokenizer or layer set: {diff}; "
+                         "choose another folder or delete it")
+    for key, value in settings.items():
+        if index.get(key) != value:
+            raise ValueError(f"{out_dir} was started with {key}={index.get(key)!r}, this run asks for {value!r}; "
+                             f"keep {key}={index.get(key)!r} to resume it, or choose another folder or delete it")
+
+
+def _shard_matches(path: Path, part: list[dict]) -> bool | None:
+    """Whether an existing shard holds exactly ``part``'s token ids; None if it cannot be read."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            ids, offsets = f.get_tensor("input_ids"), f.get_tensor("offsets")
+            mask = f.get_tensor("loss_mask")
+    except (SafetensorError, OSError, KeyError, RuntimeError):
+        return None
+    lengths = [len(e["input_ids"]) for e in part]
+    if offsets.tolist() != [0, *torch.tensor(lengths, dtype=torch.long).cumsum(0).tolist()]:
+        return False
+    flat_ids = [t for e in part for t in e["input_ids"]]
+    flat_mask = [int(bool(m)) for e in part for m in e["loss_mask"]]
+    return ids.tolist() == flat_ids and mask.tolist() == flat_mask
+
+
+def cache_features(target, examples, out_dir: str | Path, *, layers: list[int] | None = None, meta: dict,
+                   batch_size: int = 8, shard_size: int = 256, dtype: torch.dtype = torch.bfloat16, device=None,
+                   with_argmax: bool = True, fingerprint: dict | None = None) -> Path:
     """Run the frozen target once over ``examples`` and write feature shards; resumes per shard.
 
-    ``meta`` (model name, data fingerprint, ...) is stored in index.json and must match on resume.
+    ``layers``: target hidden-state ids to store side by side (None: ``[L]``, the final-norm output
+    that Medusa and EAGLE-1 read). ``dtype``: storage dtype (bfloat16, float16 or float32).
+    ``with_argmax``: also store the target's full-vocabulary argmax per position (needs the
+    logits). ``meta`` (model name, data config, ...) and ``fingerprint`` (``feature_fingerprint``
+    of the target, tokenizer and layers; computed without the tokenizer when None) are stored in
+    index.json and must match on resume. Existing shards are checked against ``examples`` and
+    kept; missing ones are (re)written.
     """
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"feature dtype {dtype} is not supported; use one of {sorted(_DTYPES)}")
+    if batch_size < 1 or shard_size < 1:
+        raise ValueError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
+    depth = num_layers(target)
+    layers = check_feature_layers([depth] if layers is None else layers, depth, "layers")
+    own = feature_fingerprint(target, None, layers)
+    if fingerprint is None:
+        fingerprint = own
+    else:
+        if list(fingerprint.get("layers", [])) != layers:
+            raise ValueError(f"the fingerprint was made for layers {fingerprint.get('layers')}, "
+                             f"but layers={layers} are cached; compute it with feature_fingerprint(target, tokenizer, layers)")
+        diff = _fingerprint_diff(own, {k: v for k, v in fingerprint.items() if k != "tokenizer_vocab"})
+        if diff:
+            raise ValueError(f"the fingerprint was made for another target than the one given: {diff}")
+        fingerprint = {**own, "tokenizer_vocab": fingerprint.get("tokenizer_vocab")}
+    hidden_size = fingerprint["hidden_size"]
+    settings = {"dtype": _DTYPE_NAMES[dtype], "with_argmax": bool(with_argmax), "shard_size": shard_size}
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = device or next(target.parameters()).device
     index_path = out_dir / INDEX_NAME
+    shards = [_shard_name(s) for s in range((len(examples) + shard_size - 1) // shard_size)]
+    head = {"format": CACHE_FORMAT, "meta": meta, "fingerprint": fingerprint, "layers": layers,
+            "hidden_size": hidden_size, **settings}
     if index_path.is_file():
         old = json.loads(index_path.read_text())
-        if old.get("meta") != meta:
-            raise ValueError(f"{out_dir} already holds features of another model or data set; "
+        _check_existing(old, out_dir, meta, fingerprint, settings)
+        if old.get("complete") and old.get("num_sequences") != len(examples):
+            raise ValueError(f"{out_dir} holds {old.get('num_sequences')} sequences, this data has {len(examples)}; "
                              "choose another folder or delete it")
-        if old.get("complete"):
-            return out_dir
-    _write_index(index_path, meta, [], complete=False)
-    shards = []
-    starts = range(0, len(examples), shard_size)
-    for s, start in enumerate(tqdm(starts, desc="caching features", unit="shard")):
-        path = out_dir / f"shard-{s:05d}.safetensors"
-        shards.append(path.name)
+    _write_index(index_path, {**head, "shards": shards, "complete": False})
+
+    token_count = 0
+    for s, name in enumerate(tqdm(shards, desc="caching features", unit="shard")):
+        path = out_dir / name
+        part = [examples[i] for i in range(s * shard_size, min(len(examples), (s + 1) * shard_size))]
+        token_count += sum(len(e["input_ids"]) for e in part)
         if path.is_file():
-            continue
-        part = examples[start:start + shard_size]
+            ok = _shard_matches(path, part)
+            if ok:
+                continue
+            if ok is False:
+                raise ValueError(f"{path} holds other sequences than this data (the data changed since the cache "
+                                 "was started); choose another folder or delete it")
+            # unreadable (e.g. cut short outside headway): write it again
         # sort by length inside the shard so padding stays small, then restore order
         order = sorted(range(len(part)), key=lambda i: len(part[i]["input_ids"]))
-        per_example: dict[int, torch.Tensor] = {}
+        feats: dict[int, torch.Tensor] = {}
+        tops: dict[int, torch.Tensor] = {}
         for b in range(0, len(order), batch_size):
             idx = order[b:b + batch_size]
-            batch = pad_batch([part[i] for i in idx])
-            h = last_hidden_state(target, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+            batch = pad_batch([{"input_ids": part[i]["input_ids"], "loss_mask": part[i]["loss_mask"]} for i in idx])
+            ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            if with_argmax:
+                f, logits = capture_features(target, ids, layers, mask, with_logits=True)
+                top = logits.argmax(-1)
+                del logits
+            else:
+                f = capture_features(target, ids, layers, mask)
             for row, i in enumerate(idx):
-                per_example[i] = h[row, :len(part[i]["input_ids"])].to("cpu", dtype)
-        hidden = [per_example[i] for i in range(len(part))]
-        lengths = torch.tensor([len(e["input_ids"]) for e in part])
-        _atomic_save({
-            "hidden": torch.cat(hidden),
+                n = len(part[i]["input_ids"])
+                feats[i] = f[row, :n].to("cpu", dtype)
+                if with_argmax:
+                    tops[i] = top[row, :n].to("cpu", torch.int32)
+        lengths = torch.tensor([len(e["input_ids"]) for e in part], dtype=torch.long)
+        tensors = {
+            "features": torch.cat([feats[i] for i in range(len(part))]),
             "input_ids": torch.cat([torch.as_tensor(e["input_ids"], dtype=torch.long) for e in part]),
-            "loss_mask": torch.cat([torch.as_tensor(e["loss_mask"], dtype=torch.uint8) for e in part]),
+            "loss_mask": torch.cat([torch.as_tensor(e["loss_mask"], dtype=torch.long).ne(0).to(torch.uint8)
+                                    for e in part]),
             "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
-        }, path)
-    _write_index(index_path, meta, shards, complete=True, num_sequences=len(examples),
-                 num_tokens=sum(len(e["input_ids"]) for e in examples))
+        }
+        if with_argmax:
+            tensors["argmax"] = torch.cat([tops[i] for i in range(len(part))])
+        _atomic_save(tensors, path, metadata={"format": str(CACHE_FORMAT), "layers": ",".join(map(str, layers)),
+                                              "dtype": settings["dtype"]})
+    bytes_per_token = len(layers) * hidden_size * torch.empty((), dtype=dtype).element_size()
+    _write_index(index_path, {**head, "shards": shards, "complete": True, "num_sequences": len(examples),
+                              "num_tokens": token_count, "bytes_per_token": bytes_per_token})
     return out_dir
 
 
-def _write_index(path: Path, meta: dict, shards: list[str], complete: bool, **extra) -> None:
-    atomic_write_text(path, json.dumps({"meta": meta, "shards": shards, "complete": complete, **extra}, indent=2))
+def _write_index(path: Path, index: dict) -> None:
+    atomic_write_text(path, json.dumps(index, indent=2))
 
 
-def load_cached_features(out_dir: str | Path, expect_meta: dict | None = None) -> list[dict]:
-    """Read a complete feature cache back as examples {input_ids, loss_mask, hidden}."""
+# ---------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------
+
+
+class CachedExample(dict):
+    """One cached sequence: ``input_ids`` and ``loss_mask`` (lists) are held; ``features`` and
+    ``argmax`` are read from the memory-mapped shard on first access (then kept)."""
+
+    __slots__ = ("_lazy", "_loader")
+
+    def __init__(self, eager: dict, lazy: tuple[str, ...], loader):
+        super().__init__(eager)
+        self._lazy = lazy
+        self._loader = loader
+
+    def __missing__(self, key):
+        if key not in self._lazy:
+            raise KeyError(key)
+        value = self._loader(key)
+        dict.__setitem__(self, key, value)
+        return value
+
+    def _keys(self) -> list:
+        return list(dict.keys(self)) + [k for k in self._lazy if not dict.__contains__(self, k)]
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self, key) or key in self._lazy
+
+    def __iter__(self):
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    def keys(self):
+        return KeysView(self)
+
+    def items(self):
+        return ItemsView(self)
+
+    def values(self):
+        return ValuesView(self)
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def copy(self) -> dict:
+        return {k: self[k] for k in self}
+
+    def __eq__(self, other):
+        return dict(self.items()) == other if isinstance(other, dict) else NotImplemented
+
+    __hash__ = None
+
+    def __reduce__(self):
+        return dict, (self.copy(),)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k!r}: {dict.__getitem__(self, k)!r}" if dict.__contains__(self, k) else f"{k!r}: <lazy>"
+                          for k in self._keys())
+        return f"CachedExample({{{shown}}})"
+
+
+class _ShardStore:
+    """The shards of one cache: token ids, masks and offsets in RAM, features memory-mapped."""
+
+    def __init__(self, out_dir: Path, index: dict):
+        self.out_dir = out_dir
+        self.index = index
+        self.names: list[str] = list(index["shards"])
+        self.layers: list[int] = list(index["layers"])
+        self.hidden_size: int = int(index["hidden_size"])
+        self.dtype: torch.dtype = _DTYPES[index["dtype"]]
+        self.has_argmax: bool = bool(index["with_argmax"])
+        self.ids: list[torch.Tensor] = []
+        self.masks: list[torch.Tensor] = []
+        self.offsets: list[list[int]] = []
+        self.starts: list[int] = [0]  # first global sequence index of each shard, then the total
+        self._handles: collections.OrderedDict = collections.OrderedDict()
+        width = len(self.layers) * self.hidden_size
+        for name in self.names:
+            path = out_dir / name
+            try:
+                with safe_open(str(path), framework="pt", device="cpu") as f:
+                    keys = set(f.keys())
+                    need = {"features", "input_ids", "loss_mask", "offsets"} | ({"argmax"} if self.has_argmax else set())
+                    if need - keys:
+                        raise ValueError(f"feature shard {path} lacks {sorted(need - keys)}; delete it and rerun "
+                                         "scripts/cache_features.py")
+                    ids, mask, offsets = f.get_tensor("input_ids"), f.get_tensor("loss_mask"), f.get_tensor("offsets")
+                    shape = f.get_slice("features").get_shape()  # the header only, no feature data
+            except (SafetensorError, OSError) as exc:
+                raise ValueError(f"feature shard {path} is missing or corrupt ({str(exc).splitlines()[0]}); "
+                                 "rerun scripts/cache_features.py to rewrite it") from None
+            if list(shape) != [ids.numel(), width] or int(offsets[-1]) != ids.numel():
+                raise ValueError(f"feature shard {path} does not fit its index (features {list(shape)}, "
+                                 f"{ids.numel()} tokens, width {width} expected); delete it and rerun "
+                                 "scripts/cache_features.py")
+            self.ids.append(ids.to(torch.int32))
+            self.masks.append(mask.to(torch.uint8))
+            self.offsets.append(offsets.tolist())
+            self.starts.append(self.starts[-1] + len(offsets) - 1)
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getstate__(self):
+        return {**self.__dict__, "_handles": collections.OrderedDict()}  # handles are reopened
+
+    def handle(self, s: int):
+        h = self._handles.pop(s, None)
+        if h is None:
+            h = safe_open(str(self.out_dir / self.names[s]), framework="pt", device="cpu")
+            while len(self._handles) >= _OPEN_SHARDS:
+                self._handles.popitem(last=False)
+        self._handles[s] = h
+        return h
+
+    def locate(self, g: int) -> tuple[int, int, int]:
+        """Global sequence index -> (shard, first row, end row)."""
+        s = bisect.bisect_right(self.starts, g) - 1
+        j = g - self.starts[s]
+        return s, self.offsets[s][j], self.offsets[s][j + 1]
+
+    def tokens(self, g: int) -> tuple[list[int], list[int]]:
+        s, a, b = self.locate(g)
+        return self.ids[s][a:b].tolist(), self.masks[s][a:b].tolist()
+
+    def length(self, g: int) -> int:
+        s, a, b = self.locate(g)
+        return b - a
+
+    def read(self, g: int, key: str, columns: list[tuple[int, int]] | None) -> torch.Tensor:
+        s, a, b = self.locate(g)
+        view = self.handle(s).get_slice(key)
+        if key == "argmax":
+            return view[a:b].long()
+        if columns is None:
+            return view[a:b]
+        parts = [view[a:b, c0:c1] for c0, c1 in columns]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def _column_runs(cached: list[int], chosen: list[int], hidden: int) -> list[tuple[int, int]] | None:
+    """Feature columns of ``chosen`` layers in a row of ``cached`` layers, merged into runs;
+    None when the selection is the whole row."""
+    if chosen == cached:
+        return None
+    runs: list[list[int]] = []
+    for layer in chosen:
+        c0 = cached.index(layer) * hidden
+        if runs and runs[-1][1] == c0:
+            runs[-1][1] = c0 + hidden
+        else:
+            runs.append([c0, c0 + hidden])
+    return [(a, b) for a, b in runs]
+
+
+class CachedFeatures:
+    """A lazy, read-only sequence of cached examples (see ``load_cached_features``).
+
+    ``len``, ``cache[i]`` (a ``CachedExample``), ``cache[a:b:c]`` (another lazy view) and iteration.
+    Iterating and reading ``input_ids`` / ``loss_mask`` never touches the feature rows."""
+
+    def __init__(self, store: _ShardStore, indices: range | list[int] | None = None, layers: list[int] | None = None):
+        self._store = store
+        self._indices = range(len(store)) if indices is None else indices
+        self.layers: list[int] = list(store.layers if layers is None else layers)
+        self._columns = _column_runs(store.layers, self.layers, store.hidden_size)
+
+    # --- what the cache holds
+    @property
+    def cached_layers(self) -> list[int]:
+        """Every layer the cache stores (``layers`` is the selection this view returns)."""
+        return list(self._store.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self._store.hidden_size
+
+    @property
+    def feature_width(self) -> int:
+        return len(self.layers) * self._store.hidden_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._store.dtype
+
+    @property
+    def has_argmax(self) -> bool:
+        return self._store.has_argmax
+
+    @property
+    def index(self) -> dict:
+        """The cache's index.json (meta, fingerprint, layers, dtype, num_tokens, bytes_per_token, ...)."""
+        return self._store.index
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Feature bytes per token as stored (all cached layers)."""
+        return int(self._store.index["bytes_per_token"])
+
+    # --- sequence protocol
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return CachedFeatures(self._store, self._indices[i], self.layers)
+        g = self._indices[operator.index(i)]
+        return self._example(g)
+
+    def __iter__(self) -> Iterator[CachedExample]:
+        for g in self._indices:
+            yield self._example(g)
+
+    def __repr__(self) -> str:
+        return (f"CachedFeatures({len(self)} sequences, layers {self.layers} of {self.cached_layers}, "
+                f"{_DTYPE_NAMES[self.dtype]}, {self._store.out_dir})")
+
+    def _example(self, g: int) -> CachedExample:
+        ids, mask = self._store.tokens(g)
+        lazy = ("features", "argmax") if self._store.has_argmax else ("features",)
+        columns = self._columns
+        return CachedExample({"input_ids": ids, "loss_mask": mask}, lazy,
+                             lambda key: self._store.read(g, key, None if key == "argmax" else columns))
+
+    # --- helpers
+    def with_layers(self, layers) -> "CachedFeatures":
+        """The same sequences with another selection of the cached layers."""
+        return CachedFeatures(self._store, self._indices, _select_layers(self._store, layers))
+
+    def token_lists(self) -> Iterator[dict]:
+        """``{"input_ids", "loss_mask"}`` per sequence (plain lists, no features), e.g. for
+        ``frequent_tokens``."""
+        for g in self._indices:
+            ids, mask = self._store.tokens(g)
+            yield {"input_ids": ids, "loss_mask": mask}
+
+    def lengths(self) -> list[int]:
+        return [self._store.length(g) for g in self._indices]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths())
+
+
+def _select_layers(store: _ShardStore, layers) -> list[int]:
+    layers = [int(i) for i in layers]
+    missing = [i for i in layers if i not in store.layers]
+    if missing or not layers or len(set(layers)) != len(layers):
+        raise ValueError(f"feature cache {store.out_dir} holds layers {store.layers}, this run needs {layers}"
+                         f"{f' (missing {missing})' if missing else ''}; {_RECREATE} --layers "
+                         f"{','.join(map(str, sorted(set(store.layers) | set(layers))))}")
+    return layers
+
+
+def load_cached_features(out_dir: str | Path, expect_meta: dict | None = None, expect_fingerprint: dict | None = None,
+                         layers: list[int] | None = None) -> CachedFeatures:
+    """Open a complete feature cache lazily.
+
+    Items are dicts {input_ids: list, loss_mask: list, features: Tensor [T, len(layers) * H] in the
+    stored dtype, argmax: Tensor [T] long (when stored)}. ``expect_meta``: keys that must equal the
+    cache's meta (model name, data config). ``expect_fingerprint``: ``feature_fingerprint`` of
+    the run's target and tokenizer; its layers must be among the cached ones. ``layers``: the
+    cached layers to return (a column slice), default the fingerprint's layers, else all of them.
+    Mismatches raise a one-line ValueError that says what differs."""
     out_dir = Path(out_dir)
     index_path = out_dir / INDEX_NAME
     if not index_path.is_file():
         raise FileNotFoundError(f"{out_dir} is not a feature cache (no {INDEX_NAME}); "
                                 "create it with scripts/cache_features.py")
     index = json.loads(index_path.read_text())
+    if index.get("format") != CACHE_FORMAT:
+        raise ValueError(f"feature cache {out_dir} was written by an older headway (format {index.get('format', 1)}, "
+                         f"this one reads {CACHE_FORMAT}); {_RECREATE}")
     if not index.get("complete"):
         raise ValueError(f"feature cache {out_dir} is incomplete; rerun scripts/cache_features.py to finish it")
     if expect_meta is not None:
         for key, value in expect_meta.items():
             if index["meta"].get(key) != value:
                 raise ValueError(f"feature cache {out_dir} was made with {key}={index['meta'].get(key)!r}, "
-                                 f"this run needs {value!r}; recreate the cache")
-    examples = []
-    for name in index["shards"]:
-        try:
-            shard = load_file(str(out_dir / name))
-        except (SafetensorError, OSError) as exc:
-            raise ValueError(f"feature shard {out_dir / name} is corrupt ({exc}); delete it and rerun "
-                             "scripts/cache_features.py") from None
-        offsets = shard["offsets"].tolist()
-        for a, b in zip(offsets[:-1], offsets[1:]):
-            examples.append({"input_ids": shard["input_ids"][a:b].tolist(),
-                             "loss_mask": shard["loss_mask"][a:b].long().tolist(),
-                             "hidden": shard["hidden"][a:b]})
-    return examples
+                                 f"this run needs {value!r}; recreate the cache with scripts/cache_features.py")
+    if expect_fingerprint is not None:
+        diff = _fingerprint_diff(index.get("fingerprint") or {}, expect_fingerprint)
+        if diff:
+            raise ValueError(f"feature cache {out_dir} was made for another target or tokenizer: {diff}; {_RECREATE}")
+    store = _ShardStore(out_dir, index)
+    if layers is None and expect_fingerprint is not None and expect_fingerprint.get("layers") is not None:
+        layers = expect_fingerprint["layers"]
+    return CachedFeatures(store, layers=None if layers is None else _select_layers(store, layers))

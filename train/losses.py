@@ -7,6 +7,8 @@ exactly across micro-batches and processes.
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 
@@ -64,12 +66,17 @@ def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask:
 
 
 def summarize(counts: dict[str, float]) -> dict[str, float]:
-    """Turn summed counts into per-head loss / top-1 / top-5 accuracy."""
+    """Turn summed counts into per-head (Medusa ``head{k}``) or per-step (EAGLE ``step{i}``) loss,
+    top-1 / top-5 accuracy, and any other ``*_sum`` averaged the same way."""
     out: dict[str, float] = {}
-    heads = sorted({key.split("/")[0] for key in counts if key.startswith("head")}, key=lambda h: int(h[4:]))
-    for h in heads:
-        n = max(float(counts.get(f"{h}/count", 0)), 1.0)
-        out[f"{h}/loss"] = float(counts[f"{h}/loss_sum"]) / n
-        out[f"{h}/top1"] = float(counts[f"{h}/top1"]) / n
-        out[f"{h}/top5"] = float(counts[f"{h}/top5"]) / n
+    groups = sorted({key.split("/")[0] for key in counts if re.fullmatch(r"(head|step)\d+", key.split("/")[0])},
+                    key=lambda g: (g.rstrip("0123456789"), int(g.lstrip("headstp"))))
+    for g in groups:
+        n = max(float(counts.get(f"{g}/count", 0)), 1.0)
+        out[f"{g}/loss"] = float(counts[f"{g}/loss_sum"]) / n
+        out[f"{g}/top1"] = float(counts[f"{g}/top1"]) / n
+        out[f"{g}/top5"] = float(counts[f"{g}/top5"]) / n
+        for key in counts:
+            if key.startswith(f"{g}/") and key.endswith("_sum") and key != f"{g}/loss_sum":
+                out[key[:-4]] = float(counts[key]) / n
     return out

@@ -11,19 +11,17 @@ to ``train.output_dir`` (config.json, model.safetensors, README.md model card, m
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
 from pathlib import Path
 
 import torch
 
 from headway.heads import MedusaConfig, MedusaHeads
-from headway.heads.target import freeze, load_target
-from headway.train.config import ConfigError, load_config, to_dict
-from headway.train.data import DataConfig, build_datasets, frequent_tokens
-from headway.train.features import last_hidden_state, load_cached_features
-from headway.train.loop import TrainConfig, make_accelerator, run_training
+from headway.train.common import describe, draft_vocabulary, parse_run_args, run_main, setup_run
+from headway.train.config import to_dict
+from headway.train.data import DataConfig
+from headway.train.features import last_hidden_state
+from headway.train.loop import TrainConfig, run_training
 from headway.train.losses import head_weights, medusa_loss
 
 
@@ -54,7 +52,7 @@ class MedusaTrainingModule(torch.nn.Module):
         self.register_buffer("t2d", heads.target_to_draft(), persistent=False)  # None for a full vocabulary
 
     def forward(self, batch: dict[str, torch.Tensor]):
-        hidden = batch.get("hidden")
+        hidden = batch.get("features", batch.get("hidden"))  # cached: the final-norm layer only
         if hidden is None:
             hidden = last_hidden_state(self._target[0], batch["input_ids"], batch["attention_mask"])
         hidden = hidden.float()  # cached features may be stored in half precision
@@ -72,39 +70,20 @@ class MedusaMethod:
 
 
 def parse_args(argv: list[str] | None = None) -> MedusaRunConfig:
-    parser = argparse.ArgumentParser(description="Train Medusa-1 heads on a frozen target.")
-    parser.add_argument("--config", help="YAML run config (e.g. configs/medusa/smollm2-135m.yaml)")
-    parser.add_argument("--model", help="target: Hub id, local folder or smollm2-135m (same as model=...)")
-    parser.add_argument("--data", help="data: default, packaged, a local json/jsonl/parquet file or a Hub dataset "
-                                       "(same as data.source=...)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=3e-4 heads.num_heads=3")
-    args = parser.parse_args(argv)
-    shortcuts = [f"model={args.model}"] * bool(args.model) + [f"data.source={args.data}"] * bool(args.data)
-    return load_config(MedusaRunConfig, args.config, [*shortcuts, *args.overrides])
+    return parse_run_args(MedusaRunConfig, "Train Medusa-1 heads on a frozen target.",
+                          "configs/medusa/smollm2-135m.yaml", argv)
 
 
 def train(cfg: MedusaRunConfig) -> dict:
     """Train and export Medusa-1 heads; returns the final held-out metrics per head."""
-    acc = make_accelerator(cfg.train)
-    target, tokenizer = load_target(cfg.model, device=acc.device)
-    freeze(target)
-    if cfg.features == "online":
-        with acc.main_process_first():
-            train_data, eval_data = build_datasets(cfg.data, tokenizer, cfg.model)
-    else:
-        meta = {"model": cfg.model, "data": dataclasses.asdict(cfg.data)}
-        train_data = load_cached_features(Path(cfg.features) / "train", expect_meta=meta)
-        eval_data = load_cached_features(Path(cfg.features) / "heldout", expect_meta=meta)
-    draft_tokens = None
-    if cfg.heads.draft_vocab_size:
-        draft_tokens = frequent_tokens(train_data, cfg.heads.draft_vocab_size, target.config.get_text_config().vocab_size)
-    heads = MedusaHeads.from_target(target, cfg.heads, draft_tokens=draft_tokens, base_model_name_or_path=cfg.model)
-    heads.to(acc.device)
-    acc.print(f"{len(train_data)} training / {len(eval_data)} held-out sequences, "
-              f"{acc.num_processes} process(es) on {acc.device}, features: {cfg.features}")
-    method = MedusaMethod(heads, target, head_weights(cfg.heads.num_heads, cfg.loss.decay, cfg.loss.weights))
-    metrics = run_training(acc, cfg.train, method, train_data, eval_data, run_config=to_dict(cfg))
-    if acc.is_main_process:
+    run = setup_run(cfg.model, cfg.features, cfg.data, cfg.train)  # cached features: the final-norm layer
+    heads = MedusaHeads.from_target(run.target, cfg.heads, draft_tokens=draft_vocabulary(run, cfg.heads.draft_vocab_size),
+                                    base_model_name_or_path=cfg.model)
+    heads.to(run.acc.device)
+    describe(run, cfg.features)
+    method = MedusaMethod(heads, run.target, head_weights(cfg.heads.num_heads, cfg.loss.decay, cfg.loss.weights))
+    metrics = run_training(run.acc, cfg.train, method, run.train_data, run.eval_data, run_config=to_dict(cfg))
+    if run.acc.is_main_process:
         for k in range(cfg.heads.num_heads):
             if f"head{k}/top1" in metrics:
                 print(f"head {k} (token t+{k + 2}): held-out top-1 {metrics[f'head{k}/top1']:.3f}  "
@@ -115,11 +94,7 @@ def train(cfg: MedusaRunConfig) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     """Command line: bad input ends with a one-line ``error: ...`` and exit status 2."""
-    try:
-        return train(parse_args(argv))
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    return run_main(train, parse_args, argv)
 
 
 if __name__ == "__main__":

@@ -138,11 +138,12 @@ def test_cli_errors_are_one_line(tmp_path):
     assert "Traceback" not in res.stderr
 
 
-def test_training_on_cached_features_matches_online(tmp_path):
+def test_training_on_cached_features_matches_online(tmp_path, monkeypatch):
     """Features cached to safetensors shards give the same training as online features."""
     from headway.heads.target import load_target
     from headway.train.data import build_datasets
-    from headway.train.features import cache_features
+    import headway.train.medusa as medusa_mod
+    from headway.train.features import cache_features, feature_fingerprint
 
     cfg = tiny_cfg(tmp_path / "online", "train.max_steps=6", "train.trackers=[]")
     target, tok = load_target(cfg.model)
@@ -150,9 +151,16 @@ def test_training_on_cached_features_matches_online(tmp_path):
     import dataclasses
 
     meta = {"model": cfg.model, "data": dataclasses.asdict(cfg.data)}
-    cache_features(target, tr, tmp_path / "feats" / "train", meta=meta, shard_size=100)
-    cache_features(target, ho, tmp_path / "feats" / "heldout", meta=meta)
+    fp = feature_fingerprint(target, tok, [target.config.num_hidden_layers])
+    cache_features(target, tr, tmp_path / "feats" / "train", meta=meta, shard_size=100, dtype=torch.float32,
+                   fingerprint=fp)
+    cache_features(target, ho, tmp_path / "feats" / "heldout", meta=meta, dtype=torch.float32, fingerprint=fp)
     online = train(cfg)
+
+    def no_online(*args, **kwargs):
+        raise AssertionError("a run on cached features ran the target")
+
+    monkeypatch.setattr(medusa_mod, "last_hidden_state", no_online)
     cached = train(tiny_cfg(tmp_path / "cached", "train.max_steps=6", "train.trackers=[]",
                             f"features={tmp_path / 'feats'}"))
     for k, v in online.items():

@@ -1,0 +1,86 @@
+"""What every training method does before its own part: the command line, the accelerator, the
+frozen target, the data (tokenized online, or a lazily read feature cache), the reduced draft
+vocabulary, and the one-line error exit. ``train/medusa.py`` and ``train/eagle.py`` hold only what
+is theirs (their drafter, its features and its loss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Callable
+
+from headway.heads.features import num_layers
+from headway.heads.target import freeze, load_target
+from headway.train.config import ConfigError, load_config
+from headway.train.data import DataConfig, build_datasets, frequent_tokens
+from headway.train.features import feature_fingerprint, load_cached_features
+from headway.train.loop import TrainConfig, make_accelerator
+
+
+@dataclasses.dataclass
+class RunSetup:
+    """The pieces a method builds its drafter and loss from."""
+
+    acc: object  # accelerate.Accelerator
+    target: object  # the frozen target model, on acc.device
+    tokenizer: object
+    train_data: object  # list of examples, or a lazily read CachedFeatures
+    eval_data: object
+    cached: bool  # True: examples carry "features" (the requested layers) read from a cache
+
+
+def setup_run(model: str, features: str, data: DataConfig, train: TrainConfig,
+              layers: Callable[[object], list[int]] | None = None) -> RunSetup:
+    """Accelerator, frozen target and data. ``layers(target)``: the target layers a feature cache
+    must hold for this method (checked against the cache's fingerprint)."""
+    acc = make_accelerator(train)
+    target, tokenizer = load_target(model, device=acc.device)
+    freeze(target)
+    if features == "online":
+        with acc.main_process_first():
+            train_data, eval_data = build_datasets(data, tokenizer, model)
+        return RunSetup(acc, target, tokenizer, train_data, eval_data, cached=False)
+    wanted = layers(target) if layers else [num_layers(target)]
+    meta = {"model": model, "data": dataclasses.asdict(data)}
+    fingerprint = feature_fingerprint(target, tokenizer, wanted)
+    train_data = load_cached_features(Path(features) / "train", expect_meta=meta, expect_fingerprint=fingerprint)
+    eval_data = load_cached_features(Path(features) / "heldout", expect_meta=meta, expect_fingerprint=fingerprint)
+    return RunSetup(acc, target, tokenizer, train_data, eval_data, cached=True)
+
+
+def draft_vocabulary(setup: RunSetup, size: int | None) -> list[int] | None:
+    """The ``size`` most frequent assistant tokens of the training data (None: full vocabulary)."""
+    if not size:
+        return None
+    return frequent_tokens(setup.train_data, size, setup.target.config.get_text_config().vocab_size)
+
+
+def describe(setup: RunSetup, features: str) -> None:
+    acc = setup.acc
+    acc.print(f"{len(setup.train_data)} training / {len(setup.eval_data)} held-out sequences, "
+              f"{acc.num_processes} process(es) on {acc.device}, features: {features}")
+
+
+def parse_run_args(config_class, description: str, example: str, argv: list[str] | None = None):
+    """``--config YAML [--model M] [--data D] [key=value ...]`` -> the run config dataclass."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", help=f"YAML run config (e.g. {example})")
+    parser.add_argument("--model", help="target: Hub id, local folder or smollm2-135m (same as model=...)")
+    parser.add_argument("--data", help="data: default, packaged, a local json/jsonl/parquet file or a Hub dataset "
+                                       "(same as data.source=...)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=3e-4")
+    args = parser.parse_args(argv)
+    shortcuts = [f"model={args.model}"] * bool(args.model) + [f"data.source={args.data}"] * bool(args.data)
+    return load_config(config_class, args.config, [*shortcuts, *args.overrides])
+
+
+def run_main(train: Callable, parse: Callable, argv: list[str] | None = None):
+    """Command line: bad input ends with a one-line ``error: ...`` and exit status 2."""
+    try:
+        return train(parse(argv))
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,142 @@
+"""EAGLE-1 and EAGLE-3 (training-time test): train a feature drafter on a frozen target.
+
+    accelerate launch train/eagle.py --config configs/eagle/eagle3-smollm2-135m.yaml [key=value ...]
+    accelerate launch -m headway.train.eagle --config ...   (same thing)
+    python -m headway.train.eagle --config ...               (one process)
+
+Features come from forward hooks on the target's layers (online, per batch) or from a cache made
+by ``scripts/cache_features.py`` (``features=<folder>``; it must hold the drafter's feature
+layers and the final-norm layer L, which gives the target's distribution). The trained drafter
+is exported to ``train.output_dir`` (config.json, model.safetensors, model card, metrics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from headway.heads.eagle import EagleConfig, EagleHead
+from headway.heads.features import capture_features, num_layers
+from headway.train.common import describe, draft_vocabulary, parse_run_args, run_main, setup_run
+from headway.train.config import to_dict
+from headway.train.data import DataConfig
+from headway.train.eagle_losses import eagle1_loss, eagle3_loss
+from headway.train.loop import TrainConfig, run_training
+
+
+@dataclasses.dataclass
+class EagleLossConfig:
+    ttt_steps: int = 7  # EAGLE-3: unrolled training-time-test steps (7 in the paper and SpecForge)
+    decay: float = 0.8  # EAGLE-3: step i is weighted decay**i
+    noise: float = 0.1  # EAGLE-1: uniform noise U(-noise, noise) on the input features
+    ce_weight: float = 0.1  # EAGLE-1: weight of the soft cross-entropy against the target's distribution
+    reg_weight: float = 1.0  # EAGLE-1: weight of the SmoothL1 feature regression
+
+    def __post_init__(self):
+        if self.ttt_steps < 1:
+            raise ValueError(f"loss.ttt_steps must be >= 1, got {self.ttt_steps}")
+        if self.noise < 0 or self.ce_weight < 0 or self.reg_weight < 0:
+            raise ValueError("loss.noise, loss.ce_weight and loss.reg_weight must be >= 0")
+
+
+@dataclasses.dataclass
+class EagleRunConfig:
+    model: str = "smollm2-135m"  # target: the offline default alias, a local folder or a Hub id
+    features: str = "online"  # "online" (hooks on the frozen target per batch) or a feature-cache folder
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    eagle: EagleConfig = dataclasses.field(default_factory=EagleConfig)  # sizes come from the target
+    loss: EagleLossConfig = dataclasses.field(default_factory=EagleLossConfig)
+    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(output_dir="outputs/eagle"))
+
+
+def needed_layers(head_config: EagleConfig, depth: int) -> list[int]:
+    """The drafter's feature layers, plus the final-norm layer L (the target's distribution)."""
+    layers = list(head_config.feature_layers)
+    return layers if depth in layers else layers + [depth]
+
+
+class EagleTrainingModule(torch.nn.Module):
+    """The drafter plus its loss; the frozen target (online features) is held outside the module."""
+
+    def __init__(self, head: EagleHead, target, loss: EagleLossConfig):
+        super().__init__()
+        self.head = head
+        self._target = (target,)  # not a submodule: never wrapped, saved or trained
+        self.loss = loss
+        self.depth = num_layers(target)
+        self.layers = needed_layers(head.config, self.depth)
+        rows = head._draft_rows(target.get_output_embeddings().weight.detach())
+        self.register_buffer("target_rows", rows.float().contiguous(), persistent=False)  # [V', H]
+        self.register_buffer("t2d", head.target_to_draft(), persistent=False)  # [V] or None
+
+    def forward(self, batch: dict[str, torch.Tensor]):
+        feats, argmax = batch.get("features"), batch.get("argmax")
+        cfg, hsz = self.head.config, self.head.config.hidden_size
+        if feats is None:  # online: hooks on the frozen target
+            target = self._target[0]
+            if cfg.version == 3:
+                feats, logits = capture_features(target, batch["input_ids"], self.layers, batch["attention_mask"],
+                                                 with_logits=True)
+                argmax = logits.argmax(-1)
+            else:
+                feats = capture_features(target, batch["input_ids"], self.layers, batch["attention_mask"])
+        feats = feats.float()  # cached features are stored in bf16
+        last = self.layers.index(self.depth)
+        final = feats[..., last * hsz:(last + 1) * hsz]  # [B, T, H] the target's final-norm states
+        if cfg.version == 1:
+            return eagle1_loss(self.head, final, batch["input_ids"], batch["loss_mask"], self.target_rows, self.t2d,
+                               noise=self.loss.noise, ce_weight=self.loss.ce_weight, reg_weight=self.loss.reg_weight)
+        fused = feats[..., :cfg.feature_width]  # the feature layers come first, in their order
+        if argmax is not None:
+            argmax = torch.where(argmax >= 0, argmax, batch["input_ids"])  # padding (-1): masked by loss_mask anyway
+        return eagle3_loss(self.head, fused, final, batch["input_ids"], batch["loss_mask"], self.target_rows,
+                           self.t2d, argmax, steps=self.loss.ttt_steps, decay=self.loss.decay)
+
+
+class EagleMethod:
+    """The EAGLE plug-in for the shared loop."""
+
+    def __init__(self, head: EagleHead, target, loss: EagleLossConfig):
+        self.model = EagleTrainingModule(head, target, loss)
+
+    def export(self, model: EagleTrainingModule, output_dir: Path, metrics: dict) -> None:
+        model.head.save_pretrained(output_dir, metrics=metrics)
+
+
+def parse_args(argv: list[str] | None = None) -> EagleRunConfig:
+    return parse_run_args(EagleRunConfig, "Train an EAGLE-1 or EAGLE-3 drafter on a frozen target.",
+                          "configs/eagle/eagle3-smollm2-135m.yaml", argv)
+
+
+def train(cfg: EagleRunConfig) -> dict:
+    """Train and export an EAGLE drafter; returns the final held-out metrics per unrolled step."""
+    def layers(target):  # what a feature cache must hold for this drafter on this target
+        probe = EagleConfig(**{**dataclasses.asdict(cfg.eagle), "num_target_layers": num_layers(target)})
+        return needed_layers(probe, num_layers(target))
+
+    run = setup_run(cfg.model, cfg.features, cfg.data, cfg.train, layers=layers)
+    head = EagleHead.from_target(run.target, config=cfg.eagle,
+                                 draft_tokens=draft_vocabulary(run, cfg.eagle.draft_vocab_size),
+                                 base_model_name_or_path=cfg.model)
+    head.to(run.acc.device)
+    describe(run, cfg.features)
+    metrics = run_training(run.acc, cfg.train, EagleMethod(head, run.target, cfg.loss), run.train_data,
+                           run.eval_data, run_config=to_dict(cfg))
+    if run.acc.is_main_process:
+        for i in range(cfg.loss.ttt_steps if head.config.version == 3 else 1):
+            if f"step{i}/top1" in metrics:
+                print(f"step {i} (token t+{i + 2}): held-out top-1 {metrics[f'step{i}/top1']:.3f}  "
+                      f"top-5 {metrics[f'step{i}/top5']:.3f}")
+        print(f"exported to {cfg.train.output_dir}")
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Command line: bad input ends with a one-line ``error: ...`` and exit status 2."""
+    return run_main(train, parse_args, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""EAGLE losses with per-step counts (exact sums across micro-batches and processes, like Medusa's).
+
+- EAGLE-1 (Li et al., 2024, arXiv:2401.15077): ``SmoothL1(f_hat[t+1], f[t+1]) + 0.1 * CE(p, q)``
+  where p = softmax(lm_head f[t+1]) is the target's distribution, q the draft's; the input
+  features get uniform noise U(-noise, noise).
+- EAGLE-3 (Li et al., 2025, arXiv:2503.01840): training-time test. Step 0 reads the fused target
+  features; step i > 0 reads the drafter's own step i-1 output at the same position, the tokens
+  shifted by i and RoPE positions ``t + i``; the attention sees step 0's keys causally and the
+  diagonal of every later step (``EagleHead.forward(..., ttt=...)``). Loss:
+  ``sum_i decay**i * CE(p_i, q_i)`` with p the target's softmax restricted to the draft vocabulary
+  (renormalised), rows whose target argmax lies outside the draft vocabulary masked; no
+  feature-regression term.
+
+Row t of a step predicts token x[t+2+i] (the same alignment as Medusa head i); it counts when that
+token is an assistant token (loss_mask 1). Accuracy is top-1/top-5 of the draft logits against the
+target's own argmax there (as EAGLE reports it: what greedy acceptance needs); an argmax outside
+the draft vocabulary counts as a miss.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from headway.train.losses import topk_counts
+
+
+def _shift(x: torch.Tensor, i: int, fill) -> torch.Tensor:
+    """x[:, i:] padded back to x's length with ``fill``: row t holds x[:, t + i].  [B, N, ...]"""
+    if i == 0:
+        return x
+    pad = x.new_full((x.shape[0], i, *x.shape[2:]), fill)
+    return torch.cat([x[:, i:], pad], dim=1)
+
+
+def _counts(prefix: str, logits: torch.Tensor, labels: torch.Tensor, ce_sum: torch.Tensor, n: torch.Tensor,
+            extra: dict | None = None) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        if logits.shape[0]:
+            top1, top5 = topk_counts(logits, labels, torch.ones_like(labels, dtype=torch.bool),
+                                     k=min(5, logits.shape[-1]))
+        else:
+            top1 = top5 = n * 0
+    out = {f"{prefix}/loss_sum": ce_sum.detach(), f"{prefix}/top1": top1, f"{prefix}/top5": top5,
+           f"{prefix}/count": n}
+    for k, v in (extra or {}).items():
+        out[f"{prefix}/{k}"] = v.detach()
+    return out
+
+
+def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                target_rows: torch.Tensor, t2d: torch.Tensor | None, *, noise: float = 0.1,
+                ce_weight: float = 0.1, reg_weight: float = 1.0,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    """features: [B, T, H] the target's final-norm hidden states; input_ids, loss_mask: [B, T];
+    target_rows: [V', H] the target lm_head rows of the draft vocabulary; t2d: [V] target id ->
+    draft index (-1 outside) or None."""
+    b, t, _ = features.shape
+    f = features.float()
+    if t < 3:
+        zero = sum(p.sum() for p in head.parameters() if p.requires_grad) * 0.0  # every parameter in the graph (DDP)
+        n = loss_mask.new_zeros(())
+        return zero, _counts("step0", f.new_zeros((0, 1)), input_ids.new_zeros(0), f.new_zeros(()), n)
+    inp = f[:, :-2]  # f[t], t = 0 .. T-3
+    if noise > 0:
+        u = torch.rand(inp.shape, generator=generator, device=inp.device) if generator is not None \
+            else torch.rand_like(inp)
+        inp = inp + (u * 2 - 1) * noise
+    positions = torch.arange(t - 2, device=f.device)[None].expand(b, -1)
+    h = head(input_ids[:, 1:-1], head.input_hidden(inp), positions)  # [B, T-2, H]: predicts f[t+1]
+    mask = loss_mask[:, 2:].bool()  # token x[t+2] is an assistant token
+    h, want = h[mask].float(), f[:, 1:-1][mask]  # [n, H]
+    n = mask.sum()
+    if h.shape[0] == 0:
+        zero = sum(p.sum() for p in head.parameters() if p.requires_grad) * 0.0
+        return zero, _counts("step0", h.new_zeros((0, 1)), input_ids.new_zeros(0), h.new_zeros(()), n)
+    reg = F.smooth_l1_loss(h, want, reduction="none").mean(-1)  # [n]
+    with torch.no_grad():
+        p = (want @ target_rows.float().T).softmax(-1)  # [n, V'] the target's distribution
+        labels = p.argmax(-1)  # the target's choice among the draft vocabulary
+    logits = head.logits(h).float()  # [n, V']
+    ce = -(p * logits.log_softmax(-1)).sum(-1)  # [n]
+    loss = reg_weight * reg.mean() + ce_weight * ce.mean()
+    return loss, _counts("step0", logits, labels, ce.sum(), n, {"reg_sum": reg.sum()})
+
+
+def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: torch.Tensor,
+                loss_mask: torch.Tensor, target_rows: torch.Tensor, t2d: torch.Tensor | None,
+                argmax: torch.Tensor | None = None, *, steps: int = 7,
+                decay: float = 0.8) -> tuple[torch.Tensor, dict]:
+    """features: [B, T, F] the fused target layers; last: [B, T, H] the target's final-norm hidden
+    states (its distribution); argmax: [B, T] the target's full-vocabulary argmax (None: use the
+    data's next token); target_rows: [V', H] the target lm_head rows of the draft vocabulary."""
+    b, t, _ = features.shape
+    n = t - 1  # rows t = 0 .. T-2: step 0 pairs f[t] with x[t+1]
+    metrics: dict[str, torch.Tensor] = {}
+    total = features.new_zeros((), dtype=torch.float32)
+    if n < 2:
+        return total + sum(p.sum() for p in head.parameters() if p.requires_grad) * 0.0, metrics
+    with torch.no_grad():
+        # the target's distribution at position t+1 (it predicts x[t+2]), row t:  [B, N, V']
+        p_all = (last[:, 1:].float() @ target_rows.float().T).softmax(-1)
+        valid = torch.zeros((b, n), dtype=torch.bool, device=features.device)
+        valid[:, :n - 1] = loss_mask[:, 2:].bool()  # x[t+2] exists and is an assistant token
+        chosen = argmax[:, 1:] if argmax is not None else torch.cat([input_ids[:, 2:], input_ids[:, -1:]], 1)
+        if t2d is not None:
+            valid &= t2d[chosen.clamp_min(0)] >= 0  # the target's choice lies inside the draft vocabulary
+        # accuracy labels: the target's argmax at position t+1 (draft index; -1 outside the draft vocabulary)
+        labels_all = t2d[chosen.clamp_min(0)] if t2d is not None else chosen
+    hidden = head.input_hidden(features[:, :-1])  # [B, N, H]
+    positions = torch.arange(n, device=features.device)[None].expand(b, -1)
+    ttt: list = []
+    for i in range(steps):
+        tokens = _shift(input_ids[:, 1:], i, 0)  # x[t+1+i]
+        h = head(tokens, hidden, positions + i, ttt=ttt)  # [B, N, H]
+        mask = _shift(valid, i, False)  # [B, N]
+        rows = h[mask]
+        count = mask.sum()
+        if rows.shape[0]:
+            logits = head.logits(rows).float()  # [n_i, V']
+            p = _shift(p_all, i, 0.0)[mask]  # [n_i, V']
+            ce = -(p * logits.log_softmax(-1)).sum(-1)
+            total = total + decay ** i * ce.sum() / count
+            metrics.update(_counts(f"step{i}", logits, _shift(labels_all, i, -1)[mask], ce.sum(), count))
+        else:  # nothing to learn at this depth in this batch: keep the graph whole (DDP)
+            total = total + head.logits(h[:, :1]).sum() * 0.0
+            metrics.update(_counts(f"step{i}", h.new_zeros((0, 1)), input_ids.new_zeros(0), h.new_zeros(()), count))
+        hidden = h  # the next step reads this step's own output
+    return total, metrics
