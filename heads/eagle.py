@@ -186,7 +186,8 @@ def _ttt_attention(q, k, v, steps: list, groups: int) -> torch.Tensor:
     diag_k = [_expand_kv(kj, groups) for kj, _ in steps[1:]] + [_expand_kv(k, groups)]
     diag_v = [_expand_kv(vj, groups) for _, vj in steps[1:]] + [_expand_kv(v, groups)]
     sd = torch.stack([(q * kj).sum(-1) * scale for kj in diag_k], dim=-1)  # [B, H, T, i]
-    weights = torch.cat([s0, sd], dim=-1).float().softmax(-1).to(q.dtype)  # [B, H, T, T + i]
+    acc = torch.promote_types(q.dtype, torch.float32)  # softmax in at least fp32 (bf16 training)
+    weights = torch.cat([s0, sd], dim=-1).to(acc).softmax(-1).to(q.dtype)  # [B, H, T, T + i]
     out = weights[..., :t] @ v0  # [B, H, T, D]
     for j, vj in enumerate(diag_v):
         out = out + weights[..., t + j, None] * vj

@@ -1,0 +1,161 @@
+"""EagleConfig / EagleHead: shapes, hook features, the cached step, the training-time test's attention
+(equal to what tree drafting computes), save/load, and one-line errors for bad input."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from headway.heads import EagleConfig, EagleHead, load_drafter
+from headway.heads.eagle import DraftCache, default_feature_layers
+from headway.heads.features import FeatureCapture, capture_features
+from headway.heads.tiny import build_tiny_target
+
+
+@pytest.fixture(scope="module")
+def target():
+    model, _ = build_tiny_target("llama", seed=0)
+    return model.double()
+
+
+def make_head(target, version, **kw):
+    torch.manual_seed(version)
+    if version == 3 and "draft_vocab_size" not in kw:
+        kw.update(draft_vocab_size=120, draft_tokens=torch.arange(5, 125))
+    head = EagleHead.from_target(target, version=version, **kw).double()
+    with torch.no_grad():  # random, not copied, output projections so every piece matters
+        for p in head.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.05)
+    return head.bind_target(target)
+
+
+def test_default_feature_layers():
+    assert default_feature_layers(3, 32) == [2, 16, 29]
+    assert default_feature_layers(3, 30) == [2, 15, 27]
+    assert default_feature_layers(1, 30) == [30]
+    assert default_feature_layers(3, 2) == [0, 1, 2]  # too shallow for distinct low/mid/high
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_hooks_capture_exactly_the_hidden_states(family):
+    model, _ = build_tiny_target(family, seed=3)
+    ids = torch.randint(4, 200, (2, 9))
+    ref = model(ids, output_hidden_states=True).hidden_states
+    layers = [2, 0, 1]
+    got = capture_features(model, ids, layers)
+    torch.testing.assert_close(got, torch.cat([ref[i] for i in layers], -1), rtol=0, atol=0)
+    with FeatureCapture(model, [2]) as cap:  # the final-norm output: lm_head(feature) == logits
+        logits = model(ids).logits
+        torch.testing.assert_close(model.get_output_embeddings()(cap.pop()), logits, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="outside the target's depth"):
+        FeatureCapture(model, [0, 3])
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_shapes_and_state_dict_names(target, version):
+    head = make_head(target, version)
+    names = set(head.state_dict())
+    if version == 1:
+        assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.gate_proj.weight",
+                "layers.0.post_attention_layernorm.weight"} <= names
+        assert not any(n.startswith(("midlayer", "lm_head", "embed_tokens", "norm")) for n in names)
+        assert head.fc.weight.shape == (64, 128)
+    else:
+        assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight",
+                "midlayer.input_layernorm.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= names
+        assert head.fc.weight.shape == (64, 3 * 64) and head.fc.bias is None
+        assert head.midlayer.self_attn.q_proj.weight.shape[1] == 128  # [emb; hidden] is 2H wide
+        assert head.lm_head.weight.shape == (120, 64) and head.d2t.dtype == torch.long and head.t2d.dtype == torch.bool
+        assert torch.equal(head.to_target_ids(torch.arange(120)), torch.arange(5, 125))
+    assert not any("embed" in n for n in names)  # the target's embedding is bound, not stored
+    ids = torch.randint(4, 200, (2, 7))
+    feats = capture_features(target, ids, head.config.feature_layers)
+    h = head(ids[:, 1:], head.input_hidden(feats[:, :-1]), torch.arange(6)[None].expand(2, -1))
+    assert h.shape == (2, 6, 64) and head.logits(h).shape == (2, 6, head.config.output_size)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_cached_steps_equal_one_causal_pass(target, version):
+    head = make_head(target, version)
+    ids = torch.randint(4, 200, (1, 12))
+    hid = head.input_hidden(capture_features(target, ids, head.config.feature_layers)[:, :-1])
+    pos = torch.arange(11)[None]
+    full = head(ids[:, 1:], hid, pos)
+    cache = DraftCache()
+    parts = [head(ids[:, 1 + a:1 + b], hid[:, a:b], pos[:, a:b], cache=cache) for a, b in [(0, 4), (4, 5), (5, 11)]]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-12)
+
+
+def test_training_time_test_equals_tree_drafting(target):
+    """Unrolled step i at position t computes exactly what a depth-i node computes at inference:
+    the context entries up to t in the cache, then the chain of draft nodes below the root."""
+    head = make_head(target, 3)
+    ids = torch.randint(4, 200, (1, 14))
+    feats = capture_features(target, ids, head.config.feature_layers)
+    n = ids.shape[1] - 1
+    hidden, pos, ttt, steps = head.input_hidden(feats[:, :-1]), torch.arange(n)[None], [], []
+    for i in range(3):
+        tok = torch.cat([ids[:, 1 + i:], ids.new_zeros((1, i))], 1)[:, :n]
+        hidden = head(tok, hidden, pos + i, ttt=ttt)
+        steps.append(hidden)
+    for t in (3, 7, 10):
+        cache = DraftCache()
+        root = head(ids[:, 1:t + 2], head.input_hidden(feats[:, :t + 1]), torch.arange(t + 1)[None], cache=cache)
+        torch.testing.assert_close(root[0, -1], steps[0][0, t], rtol=0, atol=1e-12)
+        h = root[:, -1:]
+        for i in (1, 2):  # a chain: plain causal after the cached context
+            h = head(ids[:, t + 1 + i:t + 2 + i], h, torch.tensor([[t + i]]), cache=cache)
+            torch.testing.assert_close(h[0, 0], steps[i][0, t], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_save_load_roundtrip(target, version, tmp_path):
+    head = make_head(target, version).float()  # a drafter is built (and loaded) in fp32
+    head.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["drafter_type"] == "eagle" and config["version"] == version
+    assert config["num_target_layers"] == 2 and config["feature_layers"] == head.config.feature_layers
+    loaded = load_drafter(tmp_path).bind_target(target)
+    assert isinstance(loaded, EagleHead) and loaded.config == head.config
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k]), k
+    assert EagleHead.from_pretrained(tmp_path, version=version).config.version == version
+    with pytest.raises(ValueError, match=f"EAGLE-{version} drafter but EAGLE-{4 - version} was asked"):
+        EagleHead.from_pretrained(tmp_path, version=4 - version)
+
+
+def test_bad_input(target, tmp_path):
+    with pytest.raises(ValueError, match=r"\[0, 5, 1\] has ids \[5\] outside the target's depth: valid ids are 0..2"):
+        EagleHead.from_target(target, version=3, feature_layers=[0, 5, 1])
+    with pytest.raises(ValueError, match="EAGLE-1 reads one feature layer"):
+        EagleConfig(version=1, num_target_layers=4, feature_layers=[1, 2])
+    with pytest.raises(ValueError, match="version must be 1"):
+        EagleConfig(version=2)
+    with pytest.raises(ValueError, match="draft_vocab_size 100000 exceeds the target's vocab_size 218"):
+        EagleHead.from_target(target, version=3, draft_vocab_size=100000)
+    with pytest.raises(ValueError, match="needs as many draft token ids"):
+        EagleHead.from_target(target, version=3, draft_vocab_size=10, draft_tokens=torch.arange(9))
+    with pytest.raises(ValueError, match="distinct ids"):
+        EagleHead.from_target(target, version=3, draft_vocab_size=3, draft_tokens=[4, 4, 5])
+    # a d2t map inconsistent with the vocabularies, found at load time
+    head = make_head(target, 3)
+    head.save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state["d2t"][3] = state["d2t"][2] - 1  # draft ids 2 and 3 now map to the same target id
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="d2t/t2d are inconsistent"):
+        load_drafter(tmp_path)
+    # another target: hidden size, vocabulary or depth
+    other, _ = build_tiny_target("qwen2", seed=1)
+    other.config.hidden_size = 32
+    with pytest.raises(ValueError, match="hidden_size 64 does not match the target's hidden_size 32"):
+        make_head(target, 1).bind_target(other)
+    deeper, _ = build_tiny_target("llama", seed=2)
+    deeper.config.num_hidden_layers = 4
+    with pytest.raises(ValueError, match="target with 2 layers .* the target has 4"):
+        make_head(target, 3).bind_target(deeper)
+    with pytest.raises(ValueError, match="features have width 64, this drafter reads 192"):
+        make_head(target, 3).input_hidden(torch.zeros(1, 64, dtype=torch.float64))
