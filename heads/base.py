@@ -174,7 +174,11 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
         config = cls.config_class.from_dict(data, source=str(folder / CONFIG_NAME))
         model = cls(config)
         load_state_strict(model, read_weights(folder / WEIGHTS_NAME), str(folder / WEIGHTS_NAME))
+        model.validate()
         return model.to(map_location).eval()
+
+    def validate(self) -> None:
+        """Check what the config alone cannot (e.g. vocabulary maps); raise a one-line ValueError."""
 
     def check_target(self, target_model) -> None:
         check_target_compatible(self.config, target_model.config)

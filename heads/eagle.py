@@ -330,6 +330,9 @@ class EagleHead(Drafter):
                              f"(features {self.config.feature_layers}) but the target has {depth}; "
                              "train or load a drafter made for this target")
 
+    def validate(self) -> None:
+        self.check_draft_vocab()
+
     def check_draft_vocab(self) -> None:
         """d2t must map every draft index to a distinct target id that t2d marks."""
         if self.d2t is None:
@@ -428,5 +431,4 @@ class EagleHead(Drafter):
         if version is not None and head.config.version != version:
             raise ValueError(f"{folder_or_hub_id} holds an EAGLE-{head.config.version} drafter but EAGLE-{version} "
                              f"was asked for; load it with version={head.config.version} (the layouts differ)")
-        head.check_draft_vocab()
         return head
