@@ -36,3 +36,12 @@ def family(request):
     with torch.no_grad():
         refs = [reference_generate(target, p, m) for p, m in zip(prompts, max_new)]
     return Family(name, target, train_medusa(target, seed=seed), noisy_copy(target, seed=seed), prompts, max_new, refs)
+
+
+@pytest.fixture(scope="session")
+def eagle(family):
+    """EAGLE-1 (full vocabulary) and EAGLE-3 (reduced draft vocabulary) heads trained on the family's target."""
+    from eagle_utils import train_eagle
+
+    seed = FAMILY_SEEDS[family.name]
+    return {1: train_eagle(family.target, 1, seed=seed), 3: train_eagle(family.target, 3, seed=seed, draft_vocab=150)}

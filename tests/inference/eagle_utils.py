@@ -1,0 +1,48 @@
+"""EAGLE heads trained for the runtime tests: self-distilled on the target's own greedy continuations
+of random prompts, with the real losses (EAGLE-1, and EAGLE-3's training-time test)."""
+
+from __future__ import annotations
+
+import torch
+
+from headway.heads import EagleHead
+from headway.heads.features import capture_features
+from headway.train.eagle_losses import eagle1_loss, eagle3_loss
+
+
+def train_eagle(target, version: int, seed: int = 0, steps: int = 150, low: int = 4, draft_vocab: int | None = None):
+    """A trained EAGLE-1 or EAGLE-3 head (fp32 training, returned in the target's dtype)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = target.config.vocab_size
+    prompts = torch.randint(low, vocab, (192, 6), generator=g)
+    with torch.no_grad():
+        seqs = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False, max_new_tokens=24,
+                               eos_token_id=None, pad_token_id=0)  # [192, 30]
+    torch.manual_seed(seed)
+    extra = {}
+    if draft_vocab:
+        counts = torch.bincount(seqs[:, 6:].flatten(), minlength=vocab)
+        extra = dict(draft_vocab_size=draft_vocab, draft_tokens=counts.topk(draft_vocab).indices)
+    head = EagleHead.from_target(target, version=version, **extra).float()
+    depth = head.config.num_target_layers
+    layers = head.config.feature_layers + ([depth] if depth not in head.config.feature_layers else [])
+    feats = capture_features(target, seqs, layers).float()
+    last = feats[..., -target.config.hidden_size:]
+    head.bind_target(target)  # the bound embedding / lm_head rows are cast per use
+    rows = head._draft_rows(target.get_output_embeddings().weight.detach()).float()
+    t2d = head.target_to_draft()
+    mask = torch.zeros_like(seqs)
+    mask[:, 6:] = 1
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3, betas=(0.9, 0.95))
+    for _ in range(steps):
+        idx = torch.randint(0, seqs.shape[0], (32,), generator=g)
+        if version == 1:
+            loss, _ = eagle1_loss(head, last[idx], seqs[idx], mask[idx], rows, t2d, generator=g)
+        else:
+            loss, _ = eagle3_loss(head, feats[idx][..., :head.config.feature_width], last[idx], seqs[idx], mask[idx],
+                                  rows, t2d, steps=3)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dtype = next(target.parameters()).dtype
+    return head.to(dtype).eval().requires_grad_(False).bind_target(target)
