@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from accelerate.utils import set_seed
+
 from headway.heads.features import num_layers
 from headway.heads.target import freeze, load_target
 from headway.train.config import ConfigError, load_config
@@ -39,6 +41,7 @@ def setup_run(model: str, features: str, data: DataConfig, train: TrainConfig,
     acc = make_accelerator(train)
     target, tokenizer = load_target(model, device=acc.device)
     freeze(target)
+    set_seed(train.seed)  # the drafter built next initialises from train.seed
     if features == "online":
         with acc.main_process_first():
             train_data, eval_data = build_datasets(data, tokenizer, model)

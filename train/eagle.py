@@ -76,7 +76,7 @@ class EagleTrainingModule(torch.nn.Module):
         cfg, hsz = self.head.config, self.head.config.hidden_size
         if feats is None:  # online: hooks on the frozen target
             target = self._target[0]
-            if cfg.version == 3:
+            if cfg.version == 3 or self.t2d is not None:
                 feats, logits = capture_features(target, batch["input_ids"], self.layers, batch["attention_mask"],
                                                  with_logits=True)
                 argmax = logits.argmax(-1)
@@ -85,12 +85,13 @@ class EagleTrainingModule(torch.nn.Module):
         feats = feats.float()  # cached features are stored in bf16
         last = self.layers.index(self.depth)
         final = feats[..., last * hsz:(last + 1) * hsz]  # [B, T, H] the target's final-norm states
-        if cfg.version == 1:
-            return eagle1_loss(self.head, final, batch["input_ids"], batch["loss_mask"], self.target_rows, self.t2d,
-                               noise=self.loss.noise, ce_weight=self.loss.ce_weight, reg_weight=self.loss.reg_weight)
-        fused = feats[..., :cfg.feature_width]  # the feature layers come first, in their order
         if argmax is not None:
             argmax = torch.where(argmax >= 0, argmax, batch["input_ids"])  # padding (-1): masked by loss_mask anyway
+        if cfg.version == 1:
+            return eagle1_loss(self.head, final, batch["input_ids"], batch["loss_mask"], self.target_rows, self.t2d,
+                               noise=self.loss.noise if self.training else 0.0, ce_weight=self.loss.ce_weight,
+                               reg_weight=self.loss.reg_weight, argmax=argmax)
+        fused = feats[..., :cfg.feature_width]  # the feature layers come first, in their order
         return eagle3_loss(self.head, fused, final, batch["input_ids"], batch["loss_mask"], self.target_rows,
                            self.t2d, argmax, steps=self.loss.ttt_steps, decay=self.loss.decay)
 

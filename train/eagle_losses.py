@@ -51,7 +51,7 @@ def _counts(prefix: str, logits: torch.Tensor, labels: torch.Tensor, ce_sum: tor
 def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 target_rows: torch.Tensor, t2d: torch.Tensor | None, *, noise: float = 0.1,
                 ce_weight: float = 0.1, reg_weight: float = 1.0,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+                generator: torch.Generator | None = None, argmax: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """features: [B, T, H] the target's final-norm hidden states; input_ids, loss_mask: [B, T];
     target_rows: [V', H] the target lm_head rows of the draft vocabulary; t2d: [V] target id ->
     draft index (-1 outside) or None."""
@@ -78,6 +78,8 @@ def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask
     with torch.no_grad():
         p = (want @ target_rows.float().T).softmax(-1)  # [n, V'] the target's distribution
         labels = p.argmax(-1)  # the target's choice among the draft vocabulary
+        if t2d is not None and argmax is not None:  # its own full-vocabulary choice: outside the draft vocabulary, a miss
+            labels = t2d[argmax[:, 1:-1][mask].clamp_min(0)]
     logits = head.logits(h).float()  # [n, V']
     ce = -(p * logits.log_softmax(-1)).sum(-1)  # [n]
     loss = reg_weight * reg.mean() + ce_weight * ce.mean()
@@ -98,14 +100,17 @@ def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: tor
     if n < 2:
         return total + sum(p.sum() for p in head.parameters() if p.requires_grad) * 0.0, metrics
     with torch.no_grad():
-        # the target's distribution at position t+1 (it predicts x[t+2]), row t:  [B, N, V']
-        p_all = (last[:, 1:].float() @ target_rows.float().T).softmax(-1)
-        valid = torch.zeros((b, n), dtype=torch.bool, device=features.device)
-        valid[:, :n - 1] = loss_mask[:, 2:].bool()  # x[t+2] exists and is an assistant token
+        counted = torch.zeros((b, n), dtype=torch.bool, device=features.device)
+        counted[:, :n - 1] = loss_mask[:, 2:].bool()  # x[t+2] exists and is an assistant token
+        # the target's distribution at position t+1 (it predicts x[t+2]), only for the rows that count
+        p_rows = (last[:, 1:][counted].float() @ target_rows.float().T).softmax(-1)  # [n_c, V']
+        row_of = torch.full((b, n), -1, dtype=torch.long, device=features.device)
+        row_of[counted] = torch.arange(p_rows.shape[0], device=features.device)
         chosen = argmax[:, 1:] if argmax is not None else torch.cat([input_ids[:, 2:], input_ids[:, -1:]], 1)
+        valid = counted.clone()
         if t2d is not None:
-            valid &= t2d[chosen.clamp_min(0)] >= 0  # the target's choice lies inside the draft vocabulary
-        # accuracy labels: the target's argmax at position t+1 (draft index; -1 outside the draft vocabulary)
+            valid &= t2d[chosen.clamp_min(0)] >= 0  # the loss learns where the target's choice is in the draft vocabulary
+        # accuracy labels: the target's argmax at position t+1 (draft index; -1 outside the draft vocabulary: a miss)
         labels_all = t2d[chosen.clamp_min(0)] if t2d is not None else chosen
     hidden = head.input_hidden(features[:, :-1])  # [B, N, H]
     positions = torch.arange(n, device=features.device)[None].expand(b, -1)
@@ -113,15 +118,16 @@ def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: tor
     for i in range(steps):
         tokens = _shift(input_ids[:, 1:], i, 0)  # x[t+1+i]
         h = head(tokens, hidden, positions + i, ttt=ttt)  # [B, N, H]
-        mask = _shift(valid, i, False)  # [B, N]
-        rows = h[mask]
-        count = mask.sum()
-        if rows.shape[0]:
-            logits = head.logits(rows).float()  # [n_i, V']
-            p = _shift(p_all, i, 0.0)[mask]  # [n_i, V']
-            ce = -(p * logits.log_softmax(-1)).sum(-1)
-            total = total + decay ** i * ce.sum() / count
-            metrics.update(_counts(f"step{i}", logits, _shift(labels_all, i, -1)[mask], ce.sum(), count))
+        seen = _shift(counted, i, False)  # [B, N] rows whose target x[t+2+i] counts for accuracy
+        count = seen.sum()
+        if int(count):
+            rb, rt = seen.nonzero(as_tuple=True)  # [n_i]
+            learn = valid[rb, rt + i]  # of those, the rows the loss learns from (target's choice in the draft vocabulary)
+            logits = head.logits(h[rb, rt]).float()  # [n_i, V']
+            p = p_rows[row_of[rb, rt + i][learn]]  # [n_l, V'] the target's distribution there
+            ce = -(p * logits[learn].log_softmax(-1)).sum(-1)
+            total = total + decay ** i * ce.sum() / learn.sum().clamp_min(1) + logits.sum() * 0.0
+            metrics.update(_counts(f"step{i}", logits, labels_all[rb, rt + i], ce.sum(), count))
         else:  # nothing to learn at this depth in this batch: keep the graph whole (DDP)
             total = total + head.logits(h[:, :1]).sum() * 0.0
             metrics.update(_counts(f"step{i}", h.new_zeros((0, 1)), input_ids.new_zeros(0), h.new_zeros(()), count))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 
 from headway.heads import EagleHead
+from headway.heads.eagle import DraftCache
 from headway.heads.features import capture_features
+from headway.inference.verify import probs
 from headway.train.eagle_losses import eagle1_loss, eagle3_loss
 
 
@@ -46,3 +48,25 @@ def train_eagle(target, version: int, seed: int = 0, steps: int = 150, low: int 
         opt.step()
     dtype = next(target.parameters()).dtype
     return head.to(dtype).eval().requires_grad_(False).bind_target(target)
+
+
+@torch.no_grad()
+def eagle_q_ref(target, head):
+    """q_ref for the sampling wiring test: the head's processed distribution [V] at the node whose
+    root-to-node sequence is ``ids`` (context = ids[:context_len]), computed without tree masks: the
+    target's features of the context by one plain forward, the head over them causally, then one
+    cached step per path token on its own output states (positions L-2+d)."""
+    def ref(ids, context_len, params):
+        ctx = torch.tensor([ids[:context_len]])
+        feats = capture_features(target, ctx, head.config.feature_layers)  # [1, L, F]
+        cache = DraftCache()
+        h = head(ctx[:, 1:], head.input_hidden(feats[:, :-1]), torch.arange(context_len - 1)[None], cache=cache)[:, -1:]
+        for d, tok in enumerate(ids[context_len:], start=1):
+            h = head(torch.tensor([[tok]]), h, torch.tensor([[context_len - 2 + d]]), cache=cache)
+        q = probs(head.logits(h[0, 0]), params)  # [V']
+        if head.d2t is None:
+            return q
+        full = q.new_zeros(head.config.vocab_size)
+        full[head.draft_token_ids] = q
+        return full
+    return ref

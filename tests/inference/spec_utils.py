@@ -4,10 +4,13 @@ self-distilled Medusa heads, noisy draft models, prompts."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+from typing import Callable
 
 import torch
 
 from headway.heads import MedusaConfig, MedusaHeads
+from headway.inference.tree import Tree, node_depths, node_path
 from headway.inference.verify import SamplingParams, probs
 
 VOCAB = 8
@@ -132,3 +135,189 @@ def make_prompts(vocab, n, seed):
         prompts.append(ids[None])
         max_new.append(int(torch.randint(1, 41, (), generator=g)) if i % 5 else 32)
     return prompts, max_new
+
+
+# --- wiring: what the generator hands to verify_sampling, checked node by node ----------------
+
+@dataclasses.dataclass
+class VerifyCall:
+    """One verify_sampling call as the generator made it."""
+
+    children: list[list[int]]  # [N][*]
+    tokens: list[int]  # [N], tokens[0] is the root
+    p: torch.Tensor  # [N, V]: p[i] for every node (rows the verifier read are the very rows it got)
+    p_read: list[int]  # nodes whose p row the verifier read, in order
+    q: dict[int, torch.Tensor] | None  # node -> [V] for every node with children; None: deterministic draft
+    path: list[int]  # what the real verify_sampling returned
+    nxt: int
+
+
+class VerifyRecorder:
+    """Replaces ``verify_sampling`` where the generator looks it up with a wrapper that records
+    (children, tokens, p, q) and calls the real function (same generator, so same random stream)."""
+
+    def __init__(self, monkeypatch):
+        import headway.inference.generator as generator_mod
+
+        self.calls: list[VerifyCall] = []
+        real = generator_mod.verify_sampling
+
+        def wrapper(children, tokens, p, q, *args, **kwargs):
+            read: dict[int, torch.Tensor] = {}
+
+            class Reading:  # p as the verifier sees it, noting every row it reads
+                def __getitem__(self, i):
+                    row = p[i]
+                    read.setdefault(int(i), row.detach().clone())
+                    return row
+
+            path, nxt = real(children, tokens, Reading(), q, *args, **kwargs)
+            n = len(tokens)
+            rows = torch.stack([read[i] if i in read else p[i].detach().clone() for i in range(n)])
+            q_rows = None if q is None else {i: q[i].detach().clone() for i in range(n) if children[i]}
+            self.calls.append(VerifyCall([list(c) for c in children], [int(t) for t in tokens], rows,
+                                         list(read), q_rows, list(path), int(nxt)))
+            return path, nxt
+
+        monkeypatch.setattr(generator_mod, "verify_sampling", wrapper)
+
+    def take(self) -> list[VerifyCall]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+@dataclasses.dataclass
+class WiringCase:
+    """A drafter under the wiring test.
+
+    q_ref(ids, context_len, params) -> [V]: the drafter's own processed distribution at the node
+    whose root-to-node sequence is ``ids`` [context_len + depth] (context = ids[:context_len], its
+    last token the root), computed independently (e.g. a plain forward of the draft model); None
+    for deterministic drafters, whose q must then be None.
+    check_draft(context, parents, tokens, tree): extra checks of the candidates (lists of ints;
+    ``tree``: the verified tree's expected shape with its ranks when the generator has a static
+    Tree, else None).
+    fixed_shape: with a static Tree, the verified tree must be it cut to the round's budget
+    (False for drafters that build their own tree under the generator's tree as a cap).
+    """
+
+    drafter: object
+    tree: object = None
+    q_ref: Callable | None = None
+    check_draft: Callable | None = None
+    fixed_shape: bool = True
+
+
+@torch.no_grad()
+def last_logits(model, ids) -> torch.Tensor:
+    """Next-token logits [V] after ``ids`` by one plain causal forward (no cache, no tree mask)."""
+    return model(input_ids=torch.as_tensor(ids, dtype=torch.long)[None]).logits[0, -1]
+
+
+def lm_q_ref(model) -> Callable:
+    """q_ref of a drafter that samples from a causal LM: probs of its logits on context + path."""
+    return lambda ids, context_len, params: probs(last_logits(model, ids), params)
+
+
+def medusa_check(target, heads) -> Callable:
+    """check_draft for Medusa: node (depth d, rank r) holds the rank-r token of head d-1 on the
+    target's final-norm hidden state that predicted the root (plain forward of the context)."""
+
+    @torch.no_grad()
+    def check(context, parents, tokens, tree):
+        assert tree is not None, "Medusa verifies a fixed tree"
+        hidden = target(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states[-1][0, -2]
+        hidden = hidden.to(next(heads.parameters()).dtype)
+        for i in range(1, tree.size):
+            d, r = tree.depths[i], tree.ranks[i]
+            order = heads.to_target_ids(heads.head_logits(hidden, d - 1).argsort(descending=True))
+            assert tokens[i] == int(order[r]), (f"node {i} (depth {d}, rank {r}) holds token {tokens[i]}, "
+                                                f"head {d - 1}'s rank-{r} token is {int(order[r])}")
+    return check
+
+
+def lookup_check(drafter) -> Callable:
+    """check_draft for prompt lookup: every root-to-leaf path copies what followed an earlier
+    occurrence of one of the context's suffix n-grams (n in the drafter's range)."""
+
+    def check(context, parents, tokens, tree):
+        leaves = [i for i in range(1, len(tokens)) if i not in parents]
+        length = len(context)
+        for leaf in leaves:
+            cont = [tokens[j] for j in node_path(parents, leaf)[1:]]
+            assert any(context[s:s + n] == context[length - n:] and context[s + n:s + n + len(cont)] == cont
+                       for n in range(drafter.min_ngram_size, drafter.max_ngram_size + 1)
+                       for s in range(0, length - n)), f"path {cont} follows no earlier suffix n-gram of {context}"
+    return check
+
+
+def _allclose(actual, expected, what):
+    actual, expected = actual.double(), expected.double()
+    err = float((actual - expected).abs().max())
+    assert torch.allclose(actual, expected, rtol=1e-5, atol=1e-7), f"{what}: max abs difference {err:.3g}"
+
+
+def check_wiring(target, case: WiringCase, fixed_tree, prompt, params, max_new: int, calls: list[VerifyCall],
+                 output) -> None:
+    """Assert that every verification of one generate call got exactly the right inputs.
+
+    For each round (context = prompt + what earlier rounds produced): the root is the context's
+    last token; the tree is well formed with distinct siblings and fits the budget; p[i] equals
+    probs(target's logits after context + node i's path) by a plain forward; q[i] equals the
+    drafter's own reference (or q is None for deterministic drafters); the accepted nodes are a
+    root-to-node path whose tokens (plus the next token) are exactly what the sequence gained.
+    Raises AssertionError naming the round and node.
+    """
+    context = [int(t) for t in prompt]
+    start = len(context)
+    assert len(calls) == output.stats.target_forward_passes, \
+        f"{len(calls)} verifications for {output.stats.target_forward_passes} target passes"
+    for r, call in enumerate(calls):
+        where = f"round {r}"
+        n, children, tokens = len(call.tokens), call.children, call.tokens
+        budget = max_new - (len(context) - start)
+        parents = [-1] * n
+        for i, kids in enumerate(children):
+            for c in kids:
+                assert i < c < n and parents[c] == -1, f"{where}: children lists are not a tree: {children}"
+                parents[c] = i
+            sib = [tokens[c] for c in kids]
+            assert len(set(sib)) == len(sib), f"{where}: node {i} has repeated candidates {sib}"
+        assert all(p >= 0 for p in parents[1:]), f"{where}: children lists are not a tree: {children}"
+        depths = node_depths(parents)
+        assert max(depths) <= budget - 1, f"{where}: tree depth {max(depths)} exceeds the budget {budget - 1}"
+        expected_tree = None
+        if isinstance(fixed_tree, Tree):  # else None (the drafter's own trees) or dynamic settings
+            expected_tree = fixed_tree.truncate(budget - 1)
+            if case.fixed_shape:
+                assert expected_tree.parents == parents, \
+                    f"{where}: verified tree {parents} is not the generator's tree cut to depth {budget - 1}"
+            else:
+                expected_tree = None
+        assert tokens[0] == context[-1], f"{where}: root token {tokens[0]} is not the last context token {context[-1]}"
+        assert call.p.shape[0] == n
+        for i in range(n):
+            ids = context + [tokens[j] for j in node_path(parents, i)[1:]]
+            _allclose(call.p[i], probs(last_logits(target, ids), params), f"{where}: p[{i}] (path {ids[start:]})")
+            if case.q_ref is not None and children[i]:
+                assert call.q is not None, f"{where}: q is None but the drafter samples its candidates"
+                _allclose(call.q[i], case.q_ref(ids, len(context), params), f"{where}: q[{i}] (path {ids[start:]})")
+        if case.q_ref is None:
+            assert call.q is None, f"{where}: a deterministic drafter's q must be None"
+        if case.check_draft is not None:
+            try:
+                case.check_draft(context, parents, tokens, expected_tree)
+            except AssertionError as exc:
+                raise AssertionError(f"{where}: {exc}") from None
+        path = call.path
+        assert path[0] == 0 and all(b in children[a] for a, b in zip(path, path[1:])), \
+            f"{where}: accepted nodes {path} are not a root-to-node path"
+        assert set(path) <= set(call.p_read), f"{where}: accepted nodes {path} but p was read only at {call.p_read}"
+        for a, b in zip(path, path[1:]):
+            assert float(call.p[a][tokens[b]]) > 0, f"{where}: accepted token {tokens[b]} has p = 0 at node {a}"
+        assert float(call.p[path[-1]][call.nxt]) > 0, f"{where}: next token {call.nxt} has p = 0 at node {path[-1]}"
+        context += [tokens[i] for i in path[1:]] + [call.nxt]
+    produced = output.sequences[0].tolist()
+    assert produced == context[:start + max_new], f"the output {produced[start:]} is not what the rounds accepted " \
+                                                  f"{context[start:]}"
+    assert len(context) - start >= max_new, f"generation stopped after {len(context) - start} of {max_new} tokens"

@@ -1,34 +1,150 @@
-"""End to end: the first 3 tokens of SpeculativeGenerator.generate(temperature > 0) follow the
-target's exact distribution (enumerated on an 8-token model) for every drafter, chain and tree.
+"""Sampling through SpeculativeGenerator.generate(temperature > 0), for every drafter, chain and tree.
 
-Each sample is a full generate call (~6 ms here), so the default run uses 1,000 samples on six
-cases (a broken acceptance rule is rejected at p < 1e-8 with that many, see
-test_broken_rule_fails_end_to_end); the slow-marked run (`make test` runs it) repeats all twelve
-cases (every drafter, chain and tree, both settings) with 20,000 samples each, and the acceptance
-rules themselves are checked with 20,000 samples in test_verify.py."""
+The acceptance rules themselves are checked statistically in test_verify.py (20,000 samples per
+case against the exact distribution). Here the generator's side is checked:
+
+- Wiring (exact, default lane): a recorder around ``verify_sampling`` captures what generate hands
+  to verification over several rounds; for every node of every verified tree, p[i] must equal the
+  target's processed distribution after context + the node's path (plain forward), q[i] the
+  drafter's own distribution there (None for deterministic drafters, whose candidates are checked
+  instead), and the output must be the accepted root-to-node paths plus the next tokens. To cover
+  a new drafter add one line to ``WIRING`` (q_ref: its processed distribution at a node).
+- End to end (statistical): the first 3 generated tokens follow the target's exact distribution
+  (enumerated on an 8-token model). Each sample is a full generate call (6-14 ms on an idle core
+  here, more under load): the default lane runs 1,000 samples on six cases (a broken acceptance
+  rule is rejected at p < 1e-6 with that many, see test_broken_rule_fails_end_to_end), the slow
+  lane 4,000 samples on four other (drafter, setting) pairs, one per drafter kind and both settings.
+"""
+
+import dataclasses
 
 import pytest
 import torch
 
+import headway.inference.generator as generator_mod
 import headway.inference.verify as verify_mod
 from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator
-from spec_utils import PROMPT, SETTINGS, chi2_pvalue, context_logits, exact_joint, tiny_vocab_model, train_medusa
+from eagle_utils import eagle_q_ref, train_eagle
+from spec_utils import (PROMPT, SETTINGS, VerifyRecorder, WiringCase, check_wiring, chi2_pvalue, context_logits,
+                        exact_joint, lm_q_ref, lookup_check, medusa_check, tiny_vocab_model, train_medusa)
 
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
+LONG_PROMPT = PROMPT + [3, 7, 2, 5, 3, 7, 6, 4, 2]  # repeats: prompt lookup drafts on most rounds
+
+
+@dataclasses.dataclass
+class Models:
+    target: torch.nn.Module
+    draft: torch.nn.Module  # a separate draft model
+    heads: torch.nn.Module  # Medusa heads self-distilled from the target
+    eagle1: torch.nn.Module  # EAGLE-1 head (full vocabulary) self-distilled from the target
+    eagle3: torch.nn.Module  # EAGLE-3 head over a reduced 6-token draft vocabulary
+
+
+# name -> how to build its WiringCase(drafter, tree, q_ref, check_draft) from the Models: a new drafter
+# is one more line here (the wiring test, and the end-to-end fixture, pick it up).
+WIRING = {
+    "medusa-chain": lambda m: WiringCase(m.heads, "chain-2", check_draft=medusa_check(m.target, m.heads)),
+    "medusa-tree": lambda m: WiringCase(m.heads, TREE, check_draft=medusa_check(m.target, m.heads)),
+    "draft-chain": lambda m: WiringCase(DraftModelDrafter(m.draft), "chain-2", q_ref=lm_q_ref(m.draft)),
+    "draft-tree": lambda m: WiringCase(DraftModelDrafter(m.draft), TREE, q_ref=lm_q_ref(m.draft)),
+    "lookup-chain": lambda m: lookup_case(PromptLookup()),
+    "lookup-tree": lambda m: lookup_case(PromptLookup(max_matches=3, max_ngram_size=2)),
+    # EAGLE over static trees samples its children: q is the head's own distribution at the node (the head
+    # run over the target's features of the context, then over its own states along the path)
+    "eagle1-chain": lambda m: WiringCase(m.eagle1, "chain-2", q_ref=eagle_q_ref(m.target, m.eagle1)),
+    "eagle3-tree": lambda m: WiringCase(m.eagle3, TREE, q_ref=eagle_q_ref(m.target, m.eagle3)),
+    # EAGLE-2 dynamic trees draft deterministically (top-k by cumulative log-probability)
+    "eagle3-dynamic": lambda m: WiringCase(m.eagle3, {"depth": 3, "top_k": 2, "total_tokens": 5}, fixed_shape=False),
+}
+
+
+def lookup_case(drafter):
+    return WiringCase(drafter, check_draft=lookup_check(drafter))
 
 
 @pytest.fixture(scope="module")
-def setup():
+def models():
     target, draft = tiny_vocab_model(0), tiny_vocab_model(1)
     heads = train_medusa(target, num_heads=2, steps=200, seed=2, low=0).double()  # right often, not always
-    joints = {name: exact_joint(context_logits(target, PROMPT), params) for name, params in SETTINGS.items()}
-    drafters = {
-        "medusa-chain": (heads, "chain-2"), "medusa-tree": (heads, TREE),
-        "draft-chain": (DraftModelDrafter(draft), "chain-2"), "draft-tree": (DraftModelDrafter(draft), TREE),
-        "lookup-chain": (PromptLookup(), None), "lookup-tree": (PromptLookup(max_matches=3, max_ngram_size=2), None),
-    }
-    return target, drafters, joints
+    eagle1 = train_eagle(target, 1, seed=2, steps=60, low=0)
+    eagle3 = train_eagle(target, 3, seed=2, steps=60, low=0, draft_vocab=6)
+    return Models(target, draft, heads, eagle1, eagle3)
 
+
+@pytest.fixture(scope="module")
+def wiring_cases(models):
+    return {name: make(models) for name, make in WIRING.items()}
+
+
+@pytest.fixture(scope="module")
+def setup(models, wiring_cases):
+    joints = {name: exact_joint(context_logits(models.target, PROMPT), params) for name, params in SETTINGS.items()}
+    drafters = {name: (case.drafter, case.tree) for name, case in wiring_cases.items()}
+    return models.target, drafters, joints
+
+
+# --- wiring: exact, node by node --------------------------------------------------------------
+
+def run_and_check(target, case, params, monkeypatch, calls=3, max_new=12, seed=0):
+    """A few generate calls on LONG_PROMPT with the recorder in place; check_wiring on each."""
+    recorder = VerifyRecorder(monkeypatch)
+    gen = SpeculativeGenerator(target, case.drafter, tree=case.tree)
+    g = torch.Generator().manual_seed(seed)
+    rounds = 0
+    for _ in range(calls):
+        out = gen.generate(torch.tensor([LONG_PROMPT]), max_new_tokens=max_new, temperature=params.temperature,
+                           top_k=params.top_k, top_p=params.top_p, generator=g)
+        calls_made = recorder.take()
+        check_wiring(target, case, gen.tree, LONG_PROMPT, params, max_new, calls_made, out)
+        rounds += len(calls_made)
+    return rounds
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("drafter", list(WIRING))
+def test_sampling_wiring(models, wiring_cases, drafter, setting, monkeypatch):
+    rounds = run_and_check(models.target, wiring_cases[drafter], SETTINGS[setting], monkeypatch)
+    assert rounds >= 3 * 3  # several rounds per call, so rounds after the first are checked too
+
+
+def _shift_q(q):
+    """q of the next node that has one (cyclically): the distribution of the wrong node."""
+    if q is None:
+        return None
+    if isinstance(q, dict):
+        nodes = sorted(q)
+        return {n: q[nodes[(j + 1) % len(nodes)]] for j, n in enumerate(nodes)}
+    return q.roll(1, dims=0)
+
+
+BROKEN = [("q-of-wrong-node", "draft-tree", r"round 0: q\[0\]"), ("q-of-wrong-node", "draft-chain", r"round 0: q\[0\]"),
+          ("p-of-wrong-node", "lookup-tree", r"round 0: p\[0\]"),
+          ("features-off-by-one", "medusa-tree", r"round 0: node \d+ \(depth \d, rank \d\) holds token")]
+
+
+@pytest.mark.parametrize("bug, drafter, message", [pytest.param(*b, id=f"{b[0]}-{b[1]}") for b in BROKEN])
+def test_broken_wiring_is_caught(models, wiring_cases, bug, drafter, message, monkeypatch):
+    """A generator that hands verification the wrong node's q or the wrong node's target logits, or
+    hands the drafter target features one position off, fails the wiring check."""
+    real = SpeculativeGenerator._accept
+    if bug == "q-of-wrong-node":
+        monkeypatch.setattr(SpeculativeGenerator, "_accept", lambda self, draft, *a: real(
+            self, dataclasses.replace(draft, q=_shift_q(draft.q)), *a))
+    elif bug == "p-of-wrong-node":
+        monkeypatch.setattr(SpeculativeGenerator, "_accept",
+                            lambda self, draft, logits, *a: real(self, draft, logits.roll(1, dims=0), *a))
+    else:
+        class OffByOne(generator_mod.FeatureCapture):
+            def pop(self):
+                return super().pop().roll(1, dims=1)  # every position gets the previous position's features
+
+        monkeypatch.setattr(generator_mod, "FeatureCapture", OffByOne)
+    with pytest.raises(AssertionError, match=message):
+        run_and_check(models.target, wiring_cases[drafter], SETTINGS["T1"], monkeypatch)
+
+
+# --- end to end: statistical ------------------------------------------------------------------
 
 def sample_first3(target, drafter, tree, params, n, seed):
     gen = SpeculativeGenerator(target, drafter, tree=tree)
@@ -40,9 +156,10 @@ def sample_first3(target, drafter, tree, params, n, seed):
 
 
 DEFAULT_CASES = [("medusa-chain", "T1"), ("medusa-tree", "T0.7-p0.9"), ("draft-chain", "T0.7-p0.9"),
-                 ("draft-tree", "T1"), ("lookup-chain", "T1"), ("lookup-tree", "T0.7-p0.9")]
-ALL_CASES = [(d, s) for d in ["medusa-chain", "medusa-tree", "draft-chain", "draft-tree", "lookup-chain", "lookup-tree"]
-             for s in SETTINGS]
+                 ("draft-tree", "T1"), ("lookup-chain", "T1"), ("lookup-tree", "T0.7-p0.9"), ("eagle3-tree", "T1")]
+# One per drafter kind, both settings, the (drafter, setting) pairs the default lane does not run.
+SLOW_CASES = [("medusa-tree", "T1"), ("draft-tree", "T0.7-p0.9"), ("draft-chain", "T1"), ("lookup-tree", "T1"),
+              ("eagle3-tree", "T0.7-p0.9"), ("eagle3-dynamic", "T1")]
 
 
 @pytest.mark.parametrize("drafter, setting", DEFAULT_CASES)
@@ -53,10 +170,10 @@ def test_sampling_matches_target_end_to_end(setup, drafter, setting):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter, setting", ALL_CASES)
+@pytest.mark.parametrize("drafter, setting", SLOW_CASES)
 def test_sampling_matches_target_end_to_end_long(setup, drafter, setting):
     target, drafters, joints = setup
-    samples = sample_first3(target, *drafters[drafter], SETTINGS[setting], n=20_000, seed=2)
+    samples = sample_first3(target, *drafters[drafter], SETTINGS[setting], n=4_000, seed=2)
     assert chi2_pvalue(samples, joints[setting]) > 1e-3
 
 
@@ -73,3 +190,25 @@ def test_same_seed_same_output(setup):
     a = sample_first3(target, *drafters["draft-tree"], SETTINGS["T1"], n=5, seed=3)
     b = sample_first3(target, *drafters["draft-tree"], SETTINGS["T1"], n=5, seed=3)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bug", ["widen", "parent-state"])
+def test_broken_eagle_wiring_is_caught(models, wiring_cases, bug, monkeypatch):
+    """The wiring check rejects an EAGLE drafter that maps its reduced-vocabulary q onto the wrong target
+    ids, or that feeds a node its own parent's input instead of the parent's output state."""
+    from headway.inference import eagle as eagle_mod
+
+    if bug == "widen":
+        real = eagle_mod.EagleDrafter._widen
+        monkeypatch.setattr(eagle_mod.EagleDrafter, "_widen", lambda self, q: real(self, q.roll(1)))
+    else:
+        real_fwd = type(models.eagle3).forward
+
+        def stale(self, input_ids, hidden, position_ids, attention_mask=None, cache=None, ttt=None):
+            if attention_mask is not None:  # tree nodes: read a zero state instead of the parent's output
+                hidden = torch.zeros_like(hidden)
+            return real_fwd(self, input_ids, hidden, position_ids, attention_mask, cache, ttt)
+
+        monkeypatch.setattr(type(models.eagle3), "forward", stale)
+    with pytest.raises(AssertionError, match="q\\["):
+        run_and_check(models.target, wiring_cases["eagle3-tree"], SETTINGS["T1"], monkeypatch, calls=1)

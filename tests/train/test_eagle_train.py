@@ -1,0 +1,320 @@
+"""End-to-end EAGLE-1 / EAGLE-3 training on the tiny configs: learning, export, entry points,
+kill-and-resume, 2-process CPU DDP, cached features, bad input."""
+
+import dataclasses
+import json
+import os
+import runpy
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from headway.heads import EagleHead, load_drafter
+from headway.heads.features import capture_features
+from headway.train.config import load_config
+from headway.train.eagle import EagleRunConfig, EagleTrainingModule, main, train
+from headway.train.features import pad_batch
+from headway.train.losses import summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+EAGLE3 = ROOT / "configs" / "eagle" / "eagle3-tiny.yaml"
+EAGLE1 = ROOT / "configs" / "eagle" / "eagle1-tiny.yaml"
+LAYERS = [0, 1, 2]  # what EAGLE-3 reads on the 2-layer tiny target: its default feature layers, which include L
+
+
+def tiny_cfg(config, out, *overrides):
+    return load_config(EagleRunConfig, config, [f"train.output_dir={out}", *overrides])
+
+
+def _metrics(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _evals(out):
+    return [m for m in _metrics(out) if "eval/step0/top1" in m]
+
+
+@torch.no_grad()
+def _heldout_metrics(head, target, cfg, examples, batch_size):
+    """The held-out metrics of an exported drafter, batched as the loop's final evaluation."""
+    module = EagleTrainingModule(head, target, cfg.loss).eval()
+    totals = {}
+    for i in range(0, len(examples), batch_size):
+        _, counts = module(pad_batch(examples[i:i + batch_size]))
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    return summarize(totals)
+
+
+@torch.no_grad()
+def _greedy_step0_top1(head, target, examples, batch_size):
+    """Step 0's top-1 as the docs define it, computed independently of the loss: the share of
+    assistant positions where the drafter's greedy proposal (mapped to target ids) is the target's
+    own greedy token; a target token outside the draft vocabulary is a miss."""
+    hits = total = 0
+    for i in range(0, len(examples), batch_size):
+        b = pad_batch(examples[i:i + batch_size])
+        ids = b["input_ids"]
+        feats, logits = capture_features(target, ids, head.config.feature_layers, b["attention_mask"], with_logits=True)
+        n = ids.shape[1] - 1  # row t reads f[t] and x[t+1] and proposes x[t+2]
+        h = head(ids[:, 1:], head.input_hidden(feats[:, :-1]), torch.arange(n)[None].expand(len(ids), -1))
+        proposal = head.to_target_ids(head.logits(h).argmax(-1))[:, :-1]  # [B, T-2]
+        wanted = logits.argmax(-1)[:, 1:-1]  # the target's choice at t+1
+        rows = b["loss_mask"][:, 2:].bool()  # x[t+2] is an assistant token
+        hits += int((proposal == wanted)[rows].sum())
+        total += int(rows.sum())
+    return hits / total
+
+
+@pytest.mark.parametrize("version", [3, 1])
+def test_tiny_training_learns_and_exports(tmp_path, version):
+    from headway.heads.target import load_target
+    from headway.train.data import build_datasets
+
+    out = tmp_path / "run"
+    cfg = tiny_cfg(EAGLE3 if version == 3 else EAGLE1, out, *(["train.trackers=[]"] if version == 1 else []))
+    final = train(cfg)
+    steps = cfg.loss.ttt_steps if version == 3 else 1
+    assert steps == (3 if version == 3 else 1)
+    expected = {f"step{i}/{m}" for i in range(steps) for m in ("loss", "top1", "top5")}
+    expected |= {"step0/reg"} if version == 1 else set()
+    assert set(final) == expected, sorted(final)  # one set of keys per unrolled step, nothing beyond ttt_steps
+
+    evals = _evals(out)
+    before, after = evals[0], evals[-1]
+    assert before["step"] == 0 and after["step"] > 0
+    assert set(before) == set(after) == {"step"} | {f"eval/{k}" for k in expected}
+    assert after == {"step": after["step"], **{f"eval/{k}": v for k, v in final.items()}}
+    target, tok = load_target(cfg.model)
+    heldout = build_datasets(cfg.data, tok, cfg.model)[1]
+    for i in range(steps):  # every unrolled step learns
+        assert after[f"eval/step{i}/top1"] > before[f"eval/step{i}/top1"] + 0.15, (i, before, after)
+        assert after[f"eval/step{i}/loss"] < before[f"eval/step{i}/loss"]
+        assert final[f"step{i}/top5"] >= final[f"step{i}/top1"]
+    if version == 1:  # the feature regression falls clearly
+        assert after["eval/step0/reg"] < 0.5 * before["eval/step0/reg"], (before, after)
+    train_logs = [m for m in _metrics(out) if "loss" in m]
+    assert train_logs and all(f"train/step{steps - 1}/top1" in m for m in train_logs)
+    assert any(m["tokens_per_s"] > 0 for m in train_logs)
+
+    # the export: an EagleHead of the right version with a model card and the metrics
+    head = load_drafter(out)
+    assert isinstance(head, EagleHead) and head.config.version == version
+    assert head.config.base_model_name_or_path == "tiny-random-llama"
+    assert head.config.num_target_layers == 2
+    if version == 3:
+        assert head.config.feature_layers == LAYERS and head.config.draft_vocab_size == 128
+        assert head.lm_head.weight.shape == (128, head.config.hidden_size)
+        assert list((out / "headway").rglob("events.out.tfevents*")), "TensorBoard events were not written"
+    else:
+        assert head.config.feature_layers == [2] and head.config.draft_vocab_size is None
+    assert "step0/top1" in (out / "README.md").read_text()
+    assert json.loads((out / "eval_metrics.json").read_text()) == final
+    # the exported drafter scores the held-out data exactly as reported (evaluation is deterministic)
+    head.bind_target(target)
+    again = _heldout_metrics(head, target, cfg, heldout, cfg.train.eval_batch_size)
+    assert again.keys() == final.keys()
+    for k, v in final.items():
+        assert again[k] == pytest.approx(v, rel=1e-5, abs=1e-6), (k, again[k], v)
+    # and the reported step-0 top-1 is the greedy acceptance rate (out-of-draft-vocabulary tokens are misses)
+    greedy = _greedy_step0_top1(head, target, heldout, cfg.train.eval_batch_size)
+    assert final["step0/top1"] == pytest.approx(greedy, abs=0.005), (final["step0/top1"], greedy)
+
+
+def test_eagle1_reduced_draft_vocabulary(tmp_path):
+    """EAGLE-1 scores through the target's lm_head rows of a reduced draft vocabulary; its top-1 is
+    still the greedy acceptance rate (a target token outside the draft vocabulary is a miss)."""
+    from headway.heads.target import load_target
+    from headway.train.data import build_datasets
+
+    cfg = tiny_cfg(EAGLE1, tmp_path / "r", "train.trackers=[]", "train.max_steps=20", "eagle.draft_vocab_size=64")
+    final = train(cfg)
+    head = load_drafter(tmp_path / "r")
+    assert head.config.version == 1 and head.config.draft_vocab_size == 64 and head.d2t.shape == (64,)
+    target, tok = load_target(cfg.model)
+    heldout = build_datasets(cfg.data, tok, cfg.model)[1]
+    head.bind_target(target)
+    greedy = _greedy_step0_top1(head, target, heldout, cfg.train.eval_batch_size)
+    assert final["step0/top1"] == pytest.approx(greedy, abs=0.005), (final["step0/top1"], greedy)
+
+
+def _command(out, *overrides, module=True, config=EAGLE3):
+    cmd = [sys.executable, "-m", "headway.train.eagle"] if module else [sys.executable, str(ROOT / "train" / "eagle.py")]
+    return cmd + ["--config", str(config), f"train.output_dir={out}", "train.trackers=[]", *overrides]
+
+
+def _launch(out, *overrides, module=True):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(_command(out, *overrides, module=module), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _same_weights(a_dir, b_dir):
+    a, b = load_file(str(Path(a_dir) / "model.safetensors")), load_file(str(Path(b_dir) / "model.safetensors"))
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.filterwarnings("ignore:'headway.train.eagle' found in sys.modules:RuntimeWarning")  # runpy re-runs it as __main__
+def test_module_and_path_entry_points(tmp_path, monkeypatch, capsys):
+    """``python train/eagle.py`` (a real interpreter: sys.path[0] is train/) and ``python -m
+    headway.train.eagle`` (through runpy, as ``-m`` does; the kill test launches it for real) both
+    train and export; the same config gives the same drafter (train.seed fixes the initialisation)."""
+    steps = ["train.max_steps=3", "train.save_every=0"]
+    by_path = _launch(tmp_path / "path", *steps, module=False)
+    monkeypatch.setattr(sys, "argv", ["eagle.py", *_command(tmp_path / "module", *steps)[3:]])
+    runpy.run_module("headway.train.eagle", run_name="__main__", alter_sys=True)
+    logs = {"module": capsys.readouterr().out}
+    logs["path"], _ = by_path.communicate(timeout=300)
+    assert by_path.returncode == 0, logs["path"]
+    for name, log in logs.items():
+        assert "step 2 (token t+4): held-out top-1" in log and f"exported to {tmp_path / name}" in log, log
+        head = load_drafter(tmp_path / name)
+        assert isinstance(head, EagleHead) and head.config.version == 3
+        assert [m["step"] for m in _metrics(tmp_path / name) if "loss" in m] == [3]
+    assert _same_weights(tmp_path / "module", tmp_path / "path"), \
+        "two runs of one config gave different drafters: the initialisation does not follow train.seed"
+
+
+@pytest.mark.multiprocess
+def test_kill_and_resume_equals_uninterrupted(tmp_path):
+    """SIGKILL mid-run, rerun the same command: final weights equal an uninterrupted run's."""
+    steps = ["train.max_steps=60", "train.save_every=10"]
+    ref = _launch(tmp_path / "ref", *steps)
+    log, _ = ref.communicate(timeout=300)
+    assert ref.returncode == 0, log
+
+    out = tmp_path / "killed"
+    proc = _launch(out, *steps, module=False)
+    ckpts = out / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (ckpts.is_dir() and any(p.name == "step-0000020" for p in ckpts.iterdir())):
+        if proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (out / "model.safetensors").exists()
+
+    resumed = _launch(out, *steps)
+    log, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, log
+    assert "resumed from" in log
+    assert _same_weights(tmp_path / "ref", out), "the resumed run's drafter differs from the uninterrupted run's"
+    steps_logged = [m["step"] for m in _metrics(out) if "loss" in m]
+    assert steps_logged == sorted(set(steps_logged)), "metrics were duplicated by the rerun"
+    assert json.loads((out / "eval_metrics.json").read_text()) == json.loads((tmp_path / "ref" / "eval_metrics.json").read_text())
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.multiprocess
+def test_two_process_cpu_ddp_stays_in_sync(tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()),
+           str(ROOT / "train" / "eagle.py"), "--config", str(EAGLE3), f"train.output_dir={out}",
+           "train.trackers=[]", "train.max_steps=12", "train.batch_size=8", "train.save_every=0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "2 process(es) on cpu" in res.stdout
+    info = json.loads((out / "distributed.json").read_text())
+    # `--multi_gpu` with ACCELERATE_USE_CPU: accelerate reports MULTI_CPU (gloo), two real processes
+    assert info["num_processes"] == 2, info
+    assert info["distributed_type"] in ("DistributedType.MULTI_CPU", "DistributedType.MULTI_GPU"), info
+    rank0, rank1 = info["fingerprints"]
+    assert rank0 == rank1, "ranks diverged: gradients were not synchronised"
+    assert json.loads((out / "run_config.json").read_text())["num_processes"] == 2
+    evals = _evals(out)
+    assert evals[-1]["step"] == 12
+    for i in range(3):  # it trained (12 steps of 2 x 8 sequences)
+        assert evals[-1][f"eval/step{i}/top1"] > evals[0][f"eval/step{i}/top1"] + 0.05, (evals[0], evals[-1])
+    head = load_drafter(out)
+    assert isinstance(head, EagleHead) and head.config.version == 3 and head.config.draft_vocab_size == 128
+
+
+def _cache(target, tok, cfg, examples, out, layers):
+    from headway.train.features import cache_features, feature_fingerprint
+
+    cache_features(target, examples, out, layers=layers, meta={"model": cfg.model, "data": dataclasses.asdict(cfg.data)},
+                   dtype=torch.float32, fingerprint=feature_fingerprint(target, tok, layers))
+
+
+def test_training_on_cached_features_matches_online(tmp_path, monkeypatch, capsys):
+    """Cached features train exactly like online ones, never run the target's forward, and a cache
+    without the drafter's layers is refused with one line naming them."""
+    import headway.train.eagle as eagle_mod
+    from headway.heads.target import load_target
+    from headway.train.data import build_datasets
+
+    short = ["train.max_steps=6", "train.trackers=[]"]
+    cfg = tiny_cfg(EAGLE3, tmp_path / "online", *short)
+    target, tok = load_target(cfg.model)
+    tr, ho = build_datasets(cfg.data, tok, cfg.model)
+    for split, examples in (("train", tr), ("heldout", ho)):
+        _cache(target, tok, cfg, examples, tmp_path / "all" / split, LAYERS)
+        _cache(target, tok, cfg, examples, tmp_path / "last" / split, [2])
+
+    # the same initialisation for both runs (see test_module_and_path_entry_points for the seed itself)
+    torch.manual_seed(0)
+    online = train(cfg)
+    torch.manual_seed(0)
+    e1_online = train(tiny_cfg(EAGLE1, tmp_path / "e1-online", *short))
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("a run on cached features ran the target")
+
+    monkeypatch.setattr(eagle_mod, "capture_features", no_target)
+    torch.manual_seed(0)
+    cached = train(tiny_cfg(EAGLE3, tmp_path / "cached", *short, f"features={tmp_path / 'all'}"))
+    assert cached.keys() == online.keys()
+    for k, v in online.items():
+        assert cached[k] == pytest.approx(v, rel=1e-4, abs=1e-5), k
+    # EAGLE-1 reads the final norm only: from the [L]-only cache
+    torch.manual_seed(0)
+    e1_cached = train(tiny_cfg(EAGLE1, tmp_path / "e1-cached", *short, f"features={tmp_path / 'last'}"))
+    assert e1_cached.keys() == e1_online.keys()
+    for k, v in e1_online.items():
+        assert e1_cached[k] == pytest.approx(v, rel=1e-4, abs=1e-5), k
+
+    # EAGLE-3 needs layers 0, 1, 2: the [2]-only cache is refused, naming what it holds and needs
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", str(EAGLE3), f"train.output_dir={tmp_path / 'bad'}", "train.trackers=[]",
+              f"features={tmp_path / 'last'}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "holds layers [2]" in lines[0] and "needs [0, 1, 2]" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("config, override, message", [
+    (EAGLE3, "eagle.bogus=1", "unknown config key 'eagle.bogus'"),
+    (EAGLE3, "eagle.feature_layers=[0,1,9]", "feature_layers [0, 1, 9] has ids [9] outside the target's depth"),
+    (EAGLE3, "eagle.draft_vocab_size=100000", "draft_vocab_size=100000"),
+    (EAGLE1, "eagle.feature_layers=[0,1,2]", "EAGLE-1 reads one feature layer"),
+    (EAGLE3, "loss.ttt_steps=0", "loss.ttt_steps must be >= 1"),
+], ids=["unknown-key", "layer-outside-depth", "draft-vocab-too-large", "eagle1-three-layers", "ttt-steps-0"])
+def test_bad_input_is_one_line_error(tmp_path, capsys, config, override, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", str(config), f"train.output_dir={tmp_path / 'run'}", "train.trackers=[]", override])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert message in lines[0], lines[0]
+    assert not (tmp_path / "run" / "model.safetensors").exists()
