@@ -142,6 +142,34 @@ def check_target_compatible(config: DrafterConfig, target_config) -> None:
                          "train or load heads made for this target")
 
 
+class DraftVocabulary:
+    """Mixin for drafters that may score a reduced draft vocabulary (EAGLE-3's ``d2t``):
+    ``target_id = draft_id + d2t[draft_id]``; ``self.d2t`` is a [V'] long buffer or None."""
+
+    d2t: torch.Tensor | None
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """Target ids of the draft vocabulary ([V'] long), or None for the full vocabulary."""
+        return None if self.d2t is None else self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map indices into the drafter's logits to target token ids."""
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+    def target_to_draft(self) -> torch.Tensor | None:
+        """[V] long: the draft index of each target token, -1 where it is outside the draft vocabulary."""
+        if self.d2t is None:
+            return None
+        t2d = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+        t2d[self.draft_token_ids] = torch.arange(len(self.d2t), device=self.d2t.device)
+        return t2d
+
+    def draft_rows(self, weight: torch.Tensor) -> torch.Tensor:
+        """[V, H] -> [V', H]: the rows of a target-vocabulary matrix (e.g. its lm_head) in the draft vocabulary."""
+        return weight if self.d2t is None else weight[self.draft_token_ids.to(weight.device)]
+
+
 class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tags=["speculative-decoding"]):
     """Base class: subclasses set ``config_class`` and take ``config`` as their only init argument."""
 

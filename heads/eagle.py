@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headway.heads.base import Drafter, DrafterConfig, check_target_compatible, register_drafter
+from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary, check_target_compatible, register_drafter
 from headway.heads.features import check_feature_layers, num_layers
 
 
@@ -222,7 +222,7 @@ class EagleLayer(nn.Module):
 
 
 @register_drafter
-class EagleHead(Drafter):
+class EagleHead(DraftVocabulary, Drafter):
     """An EAGLE-1 or EAGLE-3 drafter; build with ``EagleHead.from_target(target, version=3)``."""
 
     config_class = EagleConfig
@@ -318,7 +318,7 @@ class EagleHead(Drafter):
                 self.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight)
             if self.config.version == 3:
                 weight = target_model.get_output_embeddings().weight
-                self.lm_head.weight.copy_(self._draft_rows(weight).to(self.lm_head.weight.dtype))
+                self.lm_head.weight.copy_(self.draft_rows(weight).to(self.lm_head.weight.dtype))
 
     # --- the target -------------------------------------------------------------------------
 
@@ -354,30 +354,10 @@ class EagleHead(Drafter):
             lm_head = target_model.get_output_embeddings()
             if getattr(lm_head, "bias", None) is not None:
                 raise ValueError("EAGLE-1 scores through the target's lm_head, which must have no bias")
-            rows = self._draft_rows(lm_head.weight.detach())
+            rows = self.draft_rows(lm_head.weight.detach())
             rows = rows.contiguous() if self.d2t is not None else rows
         self._bound = (embed, rows)
         return self
-
-    def _draft_rows(self, weight: torch.Tensor) -> torch.Tensor:
-        # [V, H] -> [V', H]: the rows of the draft vocabulary
-        return weight if self.d2t is None else weight[self.draft_token_ids.to(weight.device)]
-
-    @property
-    def draft_token_ids(self) -> torch.Tensor | None:
-        """Target ids of the draft vocabulary ([V'] long), or None for the full vocabulary."""
-        return None if self.d2t is None else self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
-
-    def target_to_draft(self) -> torch.Tensor | None:
-        """[V] long: each target token's draft index, -1 outside the draft vocabulary."""
-        if self.d2t is None:
-            return None
-        t2d = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
-        t2d[self.draft_token_ids] = torch.arange(len(self.d2t), device=self.d2t.device)
-        return t2d
 
     # --- the step function ------------------------------------------------------------------
 

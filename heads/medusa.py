@@ -18,7 +18,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from headway.heads.base import Drafter, DrafterConfig, register_drafter
+from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary, register_drafter
 
 
 @dataclasses.dataclass
@@ -59,7 +59,7 @@ class ResBlock(nn.Module):
 
 
 @register_drafter
-class MedusaHeads(Drafter):
+class MedusaHeads(DraftVocabulary, Drafter):
     """``heads(hidden [B, T, H]) -> logits [num_heads, B, T, V']``; head k predicts token t+k+2.
 
     ``V'`` is the target vocabulary, or the draft vocabulary when ``draft_vocab_size`` is set;
@@ -108,27 +108,6 @@ class MedusaHeads(Drafter):
         heads.init_from_target(target_model)
         return heads
 
-    @property
-    def draft_token_ids(self) -> torch.Tensor | None:
-        """Target ids of the draft vocabulary ([V'] long), or None for the full vocabulary."""
-        return None if self.d2t is None else self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Map indices into the heads' logits to target token ids."""
-        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
-
-    def target_to_draft(self) -> torch.Tensor | None:
-        """[V] long: the draft index of each target token, -1 where it is outside the draft vocabulary."""
-        if self.d2t is None:
-            return None
-        t2d = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
-        t2d[self.draft_token_ids] = torch.arange(len(self.d2t), device=self.d2t.device)
-        return t2d
-
-    def _target_rows(self, weight: torch.Tensor) -> torch.Tensor:
-        # [V, H] -> [V', H]: the lm_head rows of the draft vocabulary
-        return weight if self.d2t is None else weight[self.draft_token_ids.to(weight.device)]
-
     def init_from_target(self, target_model) -> None:
         """Copy the target's lm_head into every head's projection, or bind it when shared."""
         self.check_target(target_model)
@@ -138,7 +117,7 @@ class MedusaHeads(Drafter):
         weight = target_model.get_output_embeddings().weight
         with torch.no_grad():
             for proj in self.lm_heads:
-                proj.weight.copy_(self._target_rows(weight).to(proj.weight.dtype))
+                proj.weight.copy_(self.draft_rows(weight).to(proj.weight.dtype))
 
     def bind_target(self, target_model) -> "MedusaHeads":
         """Check shapes against the target and, when the heads share its lm_head, bind it (not saved)."""
@@ -149,7 +128,7 @@ class MedusaHeads(Drafter):
                 raise ValueError("share_lm_head needs a target lm_head without bias; train with share_lm_head=false")
             weight = lm_head.weight.detach()
             # a reduced vocabulary is sliced once here, not on every call
-            self._shared = (self._target_rows(weight).contiguous() if self.d2t is not None else weight,)
+            self._shared = (self.draft_rows(weight).contiguous() if self.d2t is not None else weight,)
         return self
 
     def head_features(self, hidden: torch.Tensor, k: int) -> torch.Tensor:

@@ -1,12 +1,14 @@
 """Side-by-side speed of speculative decoding on the default target (SmolLM2-135M-Instruct).
 
-    python scripts/benchmark.py [--heads outputs/demo/quick/heads] [--prompts 6] [--copy-prompts 4]
-                                [--max-new-tokens 64] [--threads 1] [--out outputs/benchmark]
+    python scripts/benchmark.py [--heads outputs/demo/quick/heads] [--eagle outputs/demo/quick/eagle3 ...]
+                                [--prompts 6] [--copy-prompts 4] [--max-new-tokens 64] [--threads 1]
+                                [--out outputs/benchmark]
 
 Baselines and candidates run in one process, interleaved per prompt: plain greedy ``generate``,
 transformers' own prompt lookup (``prompt_lookup_num_tokens``), and headway with every available
-drafter and tree (prompt lookup chain/tree, trained Medusa heads if ``--heads`` exists, and an
-early-exit draft model made of the target's first layers). Two prompt groups: held-out chat
+drafter and tree (prompt lookup chain/tree, trained Medusa heads if ``--heads`` exists, trained
+EAGLE-1/EAGLE-3 drafters given with ``--eagle`` over static trees and EAGLE-2 dynamic trees of the
+same widths, and an early-exit draft model made of the target's first layers). Two prompt groups: held-out chat
 prompts from the packaged text (never used for training) and copy-heavy prompts (rewrite a
 passage), where prompt lookup shines.
 
@@ -70,7 +72,21 @@ def early_exit_model(target, layers: int):
     return draft.eval()
 
 
-def methods(target, heads_dir: str | None, draft_layers: int) -> dict:
+MEDUSA_TREES = ("chain-1", "chain-2", "chain-3", "tree-7", "tree-15")
+# EAGLE: chains, static trees, and EAGLE-2 dynamic trees of the same widths as tree-7 / tree-15
+EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5", "tree-7": "tree-7",
+               "tree-15": "tree-15", "dynamic-7": {"depth": 5, "top_k": 3, "total_tokens": 7},
+               "dynamic-15": {"depth": 6, "top_k": 4, "total_tokens": 15}}
+
+
+def eagle_methods(target, folder: str, trees) -> dict:
+    head = load_drafter(folder)
+    label = f"eagle{head.config.version}"
+    return {f"{label} {name}": ("headway", SpeculativeGenerator(target, head, tree=EAGLE_TREES[name])) for name in trees}
+
+
+def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eagle_trees=tuple(EAGLE_TREES),
+            medusa_trees=MEDUSA_TREES) -> dict:
     """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator)."""
     out = {"plain": ("hf", {}), "hf prompt lookup (10)": ("hf", {"prompt_lookup_num_tokens": 10})}
     out["prompt lookup chain-10"] = ("headway", SpeculativeGenerator(target, PromptLookup(num_pred_tokens=10)))
@@ -78,10 +94,15 @@ def methods(target, heads_dir: str | None, draft_layers: int) -> dict:
         target, PromptLookup(num_pred_tokens=10, max_matches=4, max_nodes=24)))
     if heads_dir and Path(heads_dir, "config.json").is_file():
         heads = load_drafter(heads_dir)
-        for tree in ("chain-1", "chain-2", "chain-3", "tree-7", "tree-15"):
+        for tree in medusa_trees:
             out[f"medusa {tree}"] = ("headway", SpeculativeGenerator(target, heads, tree=tree))
     else:
         print(f"(no Medusa heads at {heads_dir}: run `make demo` first to include them)")
+    for folder in eagle_dirs:
+        if Path(folder, "config.json").is_file():
+            out.update(eagle_methods(target, folder, eagle_trees))
+        else:
+            print(f"(no EAGLE drafter at {folder}: run `make demo` first to include it)")
     if draft_layers:
         out[f"draft model: first {draft_layers} layers, chain-3"] = (
             "headway", SpeculativeGenerator(target, DraftModelDrafter(early_exit_model(target, draft_layers), gamma=3)))
@@ -125,6 +146,8 @@ def summarize(rows: list[dict], plain: list[dict], prefill: float) -> dict:
                  t_verify_rel=t_verify / t1, t_draft_rel=t_draft / t1,
                  bookkeeping_share=sum(st["time_bookkeeping"] for st in stats) / rounds,
                  mean_width=sum(sum(st["verify_width_per_step"]) for st in stats) / passes,
+                 # one draft step = one drafter forward per tree level (a pass drafts depth levels)
+                 t_draft_step_rel=t_draft / t1 / max(1.0, sum(sum(st["draft_depth_per_step"]) for st in stats) / passes),
                  depth_acceptance=depth_acceptance(stats))
     return s
 
@@ -162,6 +185,9 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--heads", default=str(ROOT / "outputs" / "demo" / "quick" / "heads"), help="trained Medusa heads")
+    p.add_argument("--eagle", action="append", default=[], help="a trained EAGLE drafter folder (repeatable)")
+    p.add_argument("--eagle-trees", default=",".join(EAGLE_TREES), help=f"EAGLE trees, of {list(EAGLE_TREES)}")
+    p.add_argument("--medusa-trees", default=",".join(MEDUSA_TREES), help="Medusa trees")
     p.add_argument("--prompts", type=int, default=6, help="held-out chat prompts")
     p.add_argument("--copy-prompts", type=int, default=4, help="copy-heavy prompts")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -172,7 +198,12 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.model)
     eos = tokenizer.eos_token_id
-    table = methods(target, args.heads, args.draft_layers)
+    eagle_trees = [t for t in args.eagle_trees.split(",") if t]
+    unknown = sorted(set(eagle_trees) - set(EAGLE_TREES))
+    if unknown:
+        p.error(f"unknown --eagle-trees {unknown}; choose from {list(EAGLE_TREES)}")
+    table = methods(target, args.heads, args.draft_layers, args.eagle, eagle_trees,
+                    [t for t in args.medusa_trees.split(",") if t])
     groups = {"chat": chat_prompts(args.prompts), "copy": copy_prompts(args.copy_prompts)}
     raw: dict = {g: {name: [] for name in table} for g in groups}
     prefill = {g: 0.0 for g in groups}
@@ -194,12 +225,12 @@ def main(argv=None) -> dict:
         print(f"\n{group} ({len(groups[group])} prompts, {args.max_new_tokens} new tokens max, "
               f"{args.threads} thread(s))")
         print(f"{'method':<36} {'tau':>5} {'tok/s':>6} {'speedup':>8} {'decode':>7} {'bound':>6} {'t(k)':>5} "
-              f"{'draft':>6} {'bookk.':>6} {'same':>5}")
+              f"{'draft':>6} {'/step':>6} {'bookk.':>6} {'same':>5}")
         for name, s in per.items():
             tau = f"{s['tau']:.2f}" if "tau" in s else "-"
             extra = (f"{s['decode_speedup']:>6.2f}x {s['bound']:>5.2f}x {s['t_verify_rel']:>5.2f} {s['t_draft_rel']:>6.2f} "
-                     f"{100 * s['bookkeeping_share']:>5.1f}%") if "tau" in s else \
-                f"{'-':>7} {'-':>6} {'-':>5} {'-':>6} {'-':>6}"
+                     f"{s['t_draft_step_rel']:>6.3f} {100 * s['bookkeeping_share']:>5.1f}%") if "tau" in s else \
+                f"{'-':>7} {'-':>6} {'-':>5} {'-':>6} {'-':>6} {'-':>6}"
             print(f"{name:<36} {tau:>5} {s['tokens_per_s']:>6.1f} {s['speedup']:>7.2f}x {extra} "
                   f"{'yes' if s['identical'] else 'NO':>5}")
     out = Path(args.out)
@@ -207,7 +238,7 @@ def main(argv=None) -> dict:
     (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results, "raw": raw}, indent=1))
     plot(results, out / "acceptance.png")
     print(f"\nspeedup: whole calls; decode: prefill excluded on both sides; bound: tau*t(1)/(t(k)+t_draft); t(k), "
-          f"draft: per verification pass, relative to plain decode time per token t(1).\nWrote {out}/results.json "
+          f"draft: per verification pass, relative to plain decode time per token t(1); /step: draft time per drafted level.\nWrote {out}/results.json "
           f"and {out}/acceptance.png")
     return results
 

@@ -1,15 +1,16 @@
 """The main job on the embedded default, end to end and offline.
 
-    python scripts/demo.py            (make demo)       about 15-20 minutes on a 2-core CPU
-    python scripts/demo.py --long     (make demo-long)  more data and epochs: better heads
+    python scripts/demo.py            (make demo)       about 20 minutes on a 2-core CPU
+    python scripts/demo.py --long     (make demo-long)  more data and epochs: better drafters
 
 1. converts the packaged SmolLM2-135M-Instruct (GGUF) to safetensors, once;
 2. self-distils a data set: the target answers real prompts from the packaged text;
-3. caches the frozen target's features to safetensors shards;
-4. trains Medusa-1 heads on them (configs/medusa/smollm2-135m.yaml) and exports them;
-5. prints held-out top-1 / top-5 accuracy per head;
-6. generates with the heads on held-out prompts, side by side with plain greedy decoding and
-   prompt lookup (scripts/benchmark.py), and prints tau and the speedup.
+3. caches the frozen target's features once (layers 2, 15, 27 and the final norm, bf16 shards);
+4. trains Medusa-1 heads (configs/medusa/smollm2-135m.yaml) and an EAGLE-3 drafter with
+   training-time test (configs/eagle/eagle3-smollm2-135m.yaml) on the same features, exports both;
+5. prints held-out top-1 / top-5 accuracy per Medusa head and per unrolled EAGLE-3 step;
+6. generates with both on held-out prompts, side by side with plain greedy decoding and prompt
+   lookup (scripts/benchmark.py), and prints tau and the speedup of each.
 Every step is cached: a rerun skips what is done and resumes what was interrupted.
 """
 
@@ -31,12 +32,16 @@ import generate_data  # noqa: E402
 
 from headway.heads.target import DEFAULT_MODEL, default_model_dir, headway_cache_dir  # noqa: E402
 from headway.train.config import load_config  # noqa: E402
-from headway.train.medusa import MedusaRunConfig, train  # noqa: E402
+from headway.train.eagle import EagleRunConfig  # noqa: E402
+from headway.train.eagle import train as train_eagle  # noqa: E402
+from headway.train.medusa import MedusaRunConfig  # noqa: E402
+from headway.train.medusa import train as train_medusa  # noqa: E402
 
 CONFIG = ROOT / "configs" / "medusa" / "smollm2-135m.yaml"
-SIZES = {  # prompts, new tokens per answer, training epochs
-    "quick": dict(prompts=240, max_new_tokens=96, epochs=8),
-    "long": dict(prompts=960, max_new_tokens=128, epochs=10),
+EAGLE_CONFIG = ROOT / "configs" / "eagle" / "eagle3-smollm2-135m.yaml"
+SIZES = {  # prompts, new tokens per answer, Medusa epochs, EAGLE-3 epochs
+    "quick": dict(prompts=240, max_new_tokens=96, epochs=8, eagle_epochs=12),
+    "long": dict(prompts=960, max_new_tokens=96, epochs=10, eagle_epochs=12),
 }
 
 
@@ -46,7 +51,7 @@ def step(title: str) -> float:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="headway demo: Medusa heads for SmolLM2-135M, offline")
+    parser = argparse.ArgumentParser(description="headway demo: Medusa heads and an EAGLE-3 drafter for SmolLM2-135M, offline")
     parser.add_argument("--long", action="store_true", help="more data and epochs (about an hour on 2 cores)")
     parser.add_argument("--out", default=str(ROOT / "outputs" / "demo"), help="where the heads and caches go")
     args = parser.parse_args(argv)
@@ -54,7 +59,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     out = Path(args.out) / ("long" if args.long else "quick")
     data = headway_cache_dir() / "data" / f"{DEFAULT_MODEL}-selfdistill-{size['prompts']}x{size['max_new_tokens']}.jsonl"
-    overrides = [f"data.source={data}", f"train.epochs={size['epochs']}", f"train.output_dir={out / 'heads'}"]
+    common = [f"data.source={data}"]
     t_all = time.perf_counter()
 
     t = step("1/6 target model: SmolLM2-135M-Instruct from the packaged GGUF")
@@ -67,31 +72,46 @@ def main(argv=None) -> None:
         sys.exit(code)
     print(f"   {data} ({time.perf_counter() - t:.0f} s)")
 
-    t = step("3/6 caching the frozen target's features (safetensors shards)")
+    t = step("3/6 caching the frozen target's features once for both drafters (layers 2, 15, 27, 30; bf16)")
     feats = out / "features"
-    cache_features.main(["--config", str(CONFIG), "--out", str(feats), *overrides])
+    cache_features.main(["--config", str(EAGLE_CONFIG), "--out", str(feats), *common])
     print(f"   ({time.perf_counter() - t:.0f} s)")
 
-    t = step("4/6 training Medusa heads on the cached features")
-    cfg = load_config(MedusaRunConfig, CONFIG, [*overrides, f"features={feats}"])
-    metrics = train(cfg)
-    print(f"   ({time.perf_counter() - t:.0f} s)")
+    t = step("4/6 training Medusa heads and an EAGLE-3 drafter on the cached features")
+    mcfg = load_config(MedusaRunConfig, CONFIG, [*common, f"features={feats}", f"train.epochs={size['epochs']}",
+                                                 f"train.output_dir={out / 'heads'}"])
+    medusa = train_medusa(mcfg)
+    t_medusa = time.perf_counter() - t
+    ecfg = load_config(EagleRunConfig, EAGLE_CONFIG, [*common, f"features={feats}",
+                                                      f"train.epochs={size['eagle_epochs']}",
+                                                      f"train.output_dir={out / 'eagle3'}"])
+    eagle = train_eagle(ecfg)
+    print(f"   Medusa {t_medusa:.0f} s, EAGLE-3 {time.perf_counter() - t - t_medusa:.0f} s")
 
-    step("5/6 held-out accuracy per head (head k predicts the token k+2 ahead)")
-    print(f"   {'head':>6} {'top-1':>7} {'top-5':>7}")
-    for k in range(cfg.heads.num_heads):
-        print(f"   {k:>6} {metrics[f'head{k}/top1']:>7.3f} {metrics[f'head{k}/top5']:>7.3f}")
-    print(f"\nheads: {cfg.train.output_dir}  (load with headway.heads.load_drafter)")
+    step("5/6 held-out accuracy (Medusa head k and EAGLE-3 step k both predict the token k+2 ahead)")
+    print(f"   {'k':>3} {'Medusa top-1':>13} {'top-5':>7} {'EAGLE-3 top-1':>14} {'top-5':>7}")
+    for k in range(max(mcfg.heads.num_heads, ecfg.loss.ttt_steps)):
+        m = (f"{medusa[f'head{k}/top1']:>13.3f} {medusa[f'head{k}/top5']:>7.3f}" if f"head{k}/top1" in medusa
+             else f"{'':>13} {'':>7}")
+        e = (f"{eagle[f'step{k}/top1']:>14.3f} {eagle[f'step{k}/top5']:>7.3f}" if f"step{k}/top1" in eagle else "")
+        print(f"   {k:>3} {m} {e}")
+    print(f"\ndrafters: {mcfg.train.output_dir}, {ecfg.train.output_dir}  (load with headway.heads.load_drafter)")
 
-    t = step("6/6 speculative generation with the heads vs plain greedy (output must be identical)")
-    results = benchmark.main(["--heads", cfg.train.output_dir, "--prompts", "4", "--copy-prompts", "2",
-                              "--max-new-tokens", "64", "--draft-layers", "0", "--out", str(out / "benchmark")])
-    best = max((n for n in results["chat"] if n.startswith("medusa")), key=lambda n: results["chat"][n]["speedup"])
-    s = results["chat"][best]
-    print(f"\nMedusa heads on held-out chat prompts, best tree {best.split()[-1]}: tau {s['tau']:.2f} new tokens per "
-          f"target pass, {s['speedup']:.2f}x plain greedy ({'identical output' if s['identical'] else 'OUTPUT DIFFERS'})"
-          f"  ({time.perf_counter() - t:.0f} s)")
-    print(f"total {time.perf_counter() - t_all:.0f} s")
+    t = step("6/6 speculative generation with both vs plain greedy (output must be identical)")
+    results = benchmark.main(["--heads", mcfg.train.output_dir, "--eagle", ecfg.train.output_dir,
+                              "--medusa-trees", "chain-2,tree-7", "--eagle-trees", "chain-4,tree-7,dynamic-7,dynamic-15",
+                              "--prompts", "4", "--copy-prompts", "2", "--max-new-tokens", "64", "--draft-layers", "0",
+                              "--out", str(out / "benchmark")])
+    print()
+    for kind, label in (("medusa", "Medusa heads"), ("eagle3", "EAGLE-3")):
+        names = [n for n in results["chat"] if n.startswith(kind)]
+        if not names:
+            continue
+        best = max(names, key=lambda n: results["chat"][n]["speedup"])
+        s = results["chat"][best]
+        print(f"{label} on held-out chat prompts, best tree {best.split()[-1]}: tau {s['tau']:.2f} new tokens per "
+              f"target pass, {s['speedup']:.2f}x plain greedy ({'identical output' if s['identical'] else 'OUTPUT DIFFERS'})")
+    print(f"({time.perf_counter() - t:.0f} s)\ntotal {time.perf_counter() - t_all:.0f} s")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,17 @@ def describe(setup: RunSetup, features: str) -> None:
               f"{acc.num_processes} process(es) on {acc.device}, features: {features}")
 
 
+def report_accuracy(setup: RunSetup, metrics: dict, prefix: str, count: int, what: str, output_dir: str) -> None:
+    """Print held-out top-1 / top-5 of ``{prefix}{k}`` (Medusa head k, EAGLE step k: token t+k+2)."""
+    if not setup.acc.is_main_process:
+        return
+    for k in range(count):
+        if f"{prefix}{k}/top1" in metrics:
+            print(f"{what} {k} (token t+{k + 2}): held-out top-1 {metrics[f'{prefix}{k}/top1']:.3f}  "
+                  f"top-5 {metrics[f'{prefix}{k}/top5']:.3f}")
+    print(f"exported to {output_dir}")
+
+
 def parse_run_args(config_class, description: str, example: str, argv: list[str] | None = None):
     """``--config YAML [--model M] [--data D] [key=value ...]`` -> the run config dataclass."""
     parser = argparse.ArgumentParser(description=description)

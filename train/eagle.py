@@ -19,7 +19,7 @@ import torch
 
 from headway.heads.eagle import EagleConfig, EagleHead
 from headway.heads.features import capture_features, num_layers
-from headway.train.common import describe, draft_vocabulary, parse_run_args, run_main, setup_run
+from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
 from headway.train.eagle_losses import eagle1_loss, eagle3_loss
@@ -67,7 +67,7 @@ class EagleTrainingModule(torch.nn.Module):
         self.loss = loss
         self.depth = num_layers(target)
         self.layers = needed_layers(head.config, self.depth)
-        rows = head._draft_rows(target.get_output_embeddings().weight.detach())
+        rows = head.draft_rows(target.get_output_embeddings().weight.detach())
         self.register_buffer("target_rows", rows.float().contiguous(), persistent=False)  # [V', H]
         self.register_buffer("t2d", head.target_to_draft(), persistent=False)  # [V] or None
 
@@ -125,12 +125,8 @@ def train(cfg: EagleRunConfig) -> dict:
     describe(run, cfg.features)
     metrics = run_training(run.acc, cfg.train, EagleMethod(head, run.target, cfg.loss), run.train_data,
                            run.eval_data, run_config=to_dict(cfg))
-    if run.acc.is_main_process:
-        for i in range(cfg.loss.ttt_steps if head.config.version == 3 else 1):
-            if f"step{i}/top1" in metrics:
-                print(f"step {i} (token t+{i + 2}): held-out top-1 {metrics[f'step{i}/top1']:.3f}  "
-                      f"top-5 {metrics[f'step{i}/top5']:.3f}")
-        print(f"exported to {cfg.train.output_dir}")
+    steps = cfg.loss.ttt_steps if head.config.version == 3 else 1
+    report_accuracy(run, metrics, "step", steps, "step", cfg.train.output_dir)
     return metrics
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from headway.heads import MedusaConfig, MedusaHeads
-from headway.train.common import describe, draft_vocabulary, parse_run_args, run_main, setup_run
+from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
 from headway.train.features import last_hidden_state
@@ -83,12 +83,7 @@ def train(cfg: MedusaRunConfig) -> dict:
     describe(run, cfg.features)
     method = MedusaMethod(heads, run.target, head_weights(cfg.heads.num_heads, cfg.loss.decay, cfg.loss.weights))
     metrics = run_training(run.acc, cfg.train, method, run.train_data, run.eval_data, run_config=to_dict(cfg))
-    if run.acc.is_main_process:
-        for k in range(cfg.heads.num_heads):
-            if f"head{k}/top1" in metrics:
-                print(f"head {k} (token t+{k + 2}): held-out top-1 {metrics[f'head{k}/top1']:.3f}  "
-                      f"top-5 {metrics[f'head{k}/top5']:.3f}")
-        print(f"exported to {cfg.train.output_dir}")
+    report_accuracy(run, metrics, "head", cfg.heads.num_heads, "head", cfg.train.output_dir)
     return metrics
 
 

@@ -31,7 +31,7 @@ def train_eagle(target, version: int, seed: int = 0, steps: int = 150, low: int 
     feats = capture_features(target, seqs, layers).float()
     last = feats[..., -target.config.hidden_size:]
     head.bind_target(target)  # the bound embedding / lm_head rows are cast per use
-    rows = head._draft_rows(target.get_output_embeddings().weight.detach()).float()
+    rows = head.draft_rows(target.get_output_embeddings().weight.detach()).float()
     t2d = head.target_to_draft()
     mask = torch.zeros_like(seqs)
     mask[:, 6:] = 1

@@ -5,16 +5,15 @@ import dataclasses
 import json
 import os
 import runpy
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from train_utils import kill_at_checkpoint
 
 from headway.heads import EagleHead, load_drafter
 from headway.heads.features import capture_features
@@ -192,15 +191,7 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
 
     out = tmp_path / "killed"
     proc = _launch(out, *steps, module=False)
-    ckpts = out / "checkpoints"
-    deadline = time.time() + 300
-    while time.time() < deadline and not (ckpts.is_dir() and any(p.name == "step-0000020" for p in ckpts.iterdir())):
-        if proc.poll() is not None:
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    kill_at_checkpoint(proc, out / "checkpoints", "step-0000020")
     assert not (out / "model.safetensors").exists()
 
     resumed = _launch(out, *steps)

@@ -2,15 +2,14 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from train_utils import kill_at_checkpoint
 
 from headway.heads import MedusaHeads, load_drafter
 from headway.train.config import load_config
@@ -63,15 +62,7 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
 
     out = tmp_path / "killed"
     proc = _launch(out, *steps, module=False)  # also covers running the entry point by path
-    ckpts = out / "checkpoints"
-    deadline = time.time() + 300
-    while time.time() < deadline and not (ckpts.is_dir() and any(p.name == "step-0000030" for p in ckpts.iterdir())):
-        if proc.poll() is not None:
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    kill_at_checkpoint(proc, out / "checkpoints", "step-0000030")
     assert not (out / "model.safetensors").exists()
 
     resumed = _launch(out, *steps)
