@@ -160,6 +160,14 @@ def test_round_trip_bit_exact(tiny_llama, tmp_path, case):
     assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
     assert torch.equal(_step(back, target), _step(head, target))
     assert import_eagle(out, fmt, version=version).config == head.config
+    # generation with the imported drafter is the original's, round by round (static and dynamic trees)
+    from headway.inference import SpeculativeGenerator
+
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 5, 6]])
+    for tree in ("tree-7", {"depth": 3, "top_k": 2, "total_tokens": 6}):
+        a = SpeculativeGenerator(target, head, tree=tree).generate(ids, max_new_tokens=12)
+        b = SpeculativeGenerator(target, back, tree=tree).generate(ids, max_new_tokens=12)
+        assert torch.equal(a.sequences, b.sequences) and a.stats.accepted_per_step == b.stats.accepted_per_step
 
 
 def test_bfloat16_round_trip_keeps_dtype(tiny_llama, tmp_path):
