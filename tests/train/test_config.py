@@ -15,6 +15,19 @@ def test_every_medusa_config_loads(path):
     assert cfg.heads.num_heads >= 1 and cfg.train.output_dir
 
 
+@pytest.mark.parametrize("path", sorted((CONFIGS / "eagle").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_eagle_config_loads(path):
+    from headway.heads.eagle import EagleConfig
+    from headway.train.eagle import EagleRunConfig
+
+    cfg = load_config(EagleRunConfig, path)
+    assert cfg.eagle.version in (1, 3) and cfg.train.output_dir
+    # the drafter config resolves for a target of the configured model's depth (30 for SmolLM2, 2 for tiny)
+    depth = 30 if "smollm2" in path.name else 2
+    resolved = EagleConfig(**{**vars(cfg.eagle), "num_target_layers": depth})
+    assert resolved.feature_layers and resolved.feature_width == resolved.hidden_size * len(resolved.feature_layers)
+
+
 @pytest.mark.parametrize("path", sorted((CONFIGS / "accelerate").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_accelerate_config_loads(path):
     from accelerate.commands.config.config_args import ClusterConfig
@@ -27,7 +40,7 @@ def test_every_accelerate_config_loads(path):
 
 
 def test_every_yaml_under_configs_is_covered():
-    covered = {"medusa", "accelerate", "trees"}
+    covered = {"medusa", "eagle", "accelerate", "trees"}
     for path in CONFIGS.rglob("*.yaml"):
         assert path.relative_to(CONFIGS).parts[0] in covered, f"{path} is not loaded by any test"
 
