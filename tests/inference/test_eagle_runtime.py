@@ -1,4 +1,4 @@
-"""EAGLE drafters in the runtime: greedy output equals target.generate token for token (30 prompts) for EAGLE-1 and
+"""EAGLE drafters in the runtime: greedy output equals target.generate token for token (20 prompts) for EAGLE-1 and
 EAGLE-3 over static and EAGLE-2 dynamic trees on two model families (with non-trivial acceptance),
 the drafter's cache stays the context, dynamic trees are well formed, and bad trees are refused."""
 
@@ -8,9 +8,8 @@ import torch
 from headway.inference import DynamicTree, EagleDrafter, SpeculativeGenerator, as_drafter
 from headway.inference.expand import expand_dynamic
 
-CASES = {  # name: (version, tree, floor on tau over the 50 prompts)
+CASES = {  # name: (version, tree, floor on tau over the first 20 prompts)
     "eagle1-chain": (1, "chain-4", 1.2),
-    "eagle1-tree": (1, "tree-15", 1.35),
     "eagle1-dynamic": (1, {"depth": 4, "top_k": 3, "total_tokens": 10}, 1.35),
     "eagle3-chain": (3, "chain-4", 1.3),
     "eagle3-tree": (3, "tree-15", 1.5),
@@ -20,10 +19,10 @@ CASES = {  # name: (version, tree, floor on tau over the 50 prompts)
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_equals_generate(family, eagle, name):
-    version, tree, floor = CASES[name]  # floors: tau over the 30 prompts
+    version, tree, floor = CASES[name]  # floors: tau over the 20 prompts
     gen = SpeculativeGenerator(family.target, eagle[version], tree=tree)
     new = passes = 0
-    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:30]):
+    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:20]):
         out = gen.generate(prompt, max_new_tokens=max_new)
         assert torch.equal(out.sequences, ref), f"{family.name}/{name}: prompt {i} differs from generate"
         assert out.stats.new_tokens == max_new == sum(out.stats.accepted_per_step)
