@@ -22,9 +22,10 @@ from headway.inference.drafter import Draft, DraftContext, Drafter, root_only
 from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
 from headway.inference.tree import Tree
 
-# EAGLE-2's settings scaled to a CPU, where a verification of 16 tokens costs ~2.3 plain steps
-# (PERFORMANCE.md); on GPUs the paper's depth 6 / top_k 10 / total 60 are the usual choice.
-CPU_DYNAMIC = DynamicTree(depth=5, top_k=4, total_tokens=10)
+# EAGLE-2's settings scaled to a CPU, where a verification of 8 tokens costs ~1.8 plain steps and
+# of 16 ~2.3 (PERFORMANCE.md), and each draft level ~0.05-0.1 of one: 4 levels, 8 nodes. On GPUs
+# the paper's depth 6 / top_k 10 / total 60 are the usual choice.
+CPU_DYNAMIC = DynamicTree(depth=4, top_k=4, total_tokens=8)
 GPU_DYNAMIC = DynamicTree(depth=6, top_k=10, total_tokens=60)
 
 
@@ -102,6 +103,8 @@ class EagleDrafter(Drafter):
             out = head(tok, hid, pos, attention_mask=mask, cache=self._cache)[0]  # [R, H]
             for r, n in enumerate(nodes):
                 hidden[n] = out[r]
+            if len(nodes) in (2, 3):  # CPU: a 2-3 row vocabulary projection is slower than 4 rows (PERFORMANCE.md)
+                return head.logits(torch.cat([out, out[:1].expand(4 - len(nodes), -1)]))[:len(nodes)]
             return head.logits(out)  # [R, V']
 
         to_target = head.to_target_ids

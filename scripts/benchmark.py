@@ -76,7 +76,8 @@ MEDUSA_TREES = ("chain-1", "chain-2", "chain-3", "tree-7", "tree-15")
 # EAGLE: chains, static trees, and EAGLE-2 dynamic trees of the same widths as tree-7 / tree-15
 EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5", "tree-7": "tree-7",
                "tree-15": "tree-15", "dynamic-7": {"depth": 5, "top_k": 3, "total_tokens": 7},
-               "dynamic-15": {"depth": 6, "top_k": 4, "total_tokens": 15}}
+               "dynamic-15": {"depth": 6, "top_k": 4, "total_tokens": 15},
+               "dynamic": None}  # the drafter's default: EAGLE-2 settings sized for the device
 
 
 def eagle_methods(target, folder: str, trees) -> dict:
