@@ -72,6 +72,9 @@ class EagleConfig(DrafterConfig):
             self.feature_layers = check_feature_layers(self.feature_layers, max(self.feature_layers + [0]))
         if self.version == 1 and self.feature_layers is not None and len(self.feature_layers) != 1:
             raise ValueError(f"EAGLE-1 reads one feature layer, got feature_layers={self.feature_layers}")
+        if self.version == 1 and self.num_target_layers is not None and self.feature_layers != [self.num_target_layers]:
+            raise ValueError(f"EAGLE-1 extrapolates the target's final-norm feature (layer {self.num_target_layers}), "
+                             f"got feature_layers={self.feature_layers}; drop eagle.feature_layers for EAGLE-1")
         if self.fc_bias is None:
             self.fc_bias = self.version == 1
         if self.head_dim is None:

@@ -45,7 +45,12 @@ class EagleDrafter(Drafter):
         p = next(target_model.parameters())
         self._device = p.device
         if next(self.head.parameters()).device != p.device or next(self.head.parameters()).dtype != p.dtype:
-            self.head.to(p.device, p.dtype)  # once, here: never a per-step weight copy
+            # once, here: never a per-step weight copy. RoPE frequencies stay fp32 (as trained): in bf16
+            # they would shift relative angles by radians at long distances
+            rope = {n: b.float() for n, b in self.head.rotary_emb.named_buffers(recurse=False)}
+            self.head.to(p.device, p.dtype)
+            for name, buf in rope.items():
+                self.head.rotary_emb._buffers[name] = buf.to(p.device)
             self.head.bind_target(target_model)
         self._widen_ids = self.head.draft_token_ids
         self._vocab = self.head.config.vocab_size

@@ -27,6 +27,7 @@ from headway.train.losses import topk_counts
 
 def _shift(x: torch.Tensor, i: int, fill) -> torch.Tensor:
     """x[:, i:] padded back to x's length with ``fill``: row t holds x[:, t + i].  [B, N, ...]"""
+    i = min(i, x.shape[1])  # a step deeper than the sequence: all padding, same length
     if i == 0:
         return x
     pad = x.new_full((x.shape[0], i, *x.shape[2:]), fill)

@@ -76,6 +76,32 @@ def test_shapes_and_state_dict_names(target, version):
     assert h.shape == (2, 6, 64) and head.logits(h).shape == (2, 6, head.config.output_size)
 
 
+def test_short_sequences_in_training_time_test(target):
+    """Batches shorter than the unrolled depth: deeper steps see only padding and count nothing."""
+    from headway.train.eagle_losses import eagle3_loss
+
+    head = make_head(target, 3).float()
+    for t in (2, 3, 5):
+        ids = torch.randint(5, 125, (2, t))
+        feats = capture_features(target, ids, [0, 1, 2]).float()
+        loss, counts = eagle3_loss(head, feats, feats[..., -64:], ids, torch.ones_like(ids),
+                                   head.draft_rows(target.lm_head.weight).float(), head.target_to_draft(), steps=7)
+        loss.backward()
+        assert torch.isfinite(loss) and all(int(counts[f"step{i}/count"]) == 0 for i in range(max(t - 2, 0), 7)
+                                            if f"step{i}/count" in counts)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_rope_stays_fp32_when_bound_to_a_half_precision_target(version):
+    from headway.inference import EagleDrafter
+
+    model, _ = build_tiny_target("llama", seed=0)
+    head = EagleHead.from_target(model, version=version, **({"draft_vocab_size": 50, "draft_tokens": torch.arange(50)}
+                                                             if version == 3 else {}))
+    EagleDrafter(head).bind(model.to(torch.bfloat16))
+    assert head.fc.weight.dtype == torch.bfloat16 and head.rotary_emb.inv_freq.dtype == torch.float32
+
+
 @pytest.mark.parametrize("version", [1, 3])
 def test_cached_steps_equal_one_causal_pass(target, version):
     head = make_head(target, version)
@@ -132,6 +158,8 @@ def test_bad_input(target, tmp_path):
         EagleHead.from_target(target, version=3, feature_layers=[0, 5, 1])
     with pytest.raises(ValueError, match="EAGLE-1 reads one feature layer"):
         EagleConfig(version=1, num_target_layers=4, feature_layers=[1, 2])
+    with pytest.raises(ValueError, match="final-norm feature \\(layer 4\\)"):
+        EagleConfig(version=1, num_target_layers=4, feature_layers=[2])
     with pytest.raises(ValueError, match="version must be 1"):
         EagleConfig(version=2)
     with pytest.raises(ValueError, match="draft_vocab_size 100000 exceeds the target's vocab_size 218"):
