@@ -1,5 +1,5 @@
 # Two commands for a newcomer on a fresh machine; each creates .venv and installs everything.
-#   make demo   - self-distil data with the packaged SmolLM2-135M, train Medusa heads, report
+#   make demo   - self-distil data with the packaged SmolLM2-135M, train Medusa heads and an EAGLE-3 drafter, report
 #   make test   - the test suite (default tests, then the slow end-to-end ones)
 VENV ?= .venv
 PY := $(VENV)/bin/python
