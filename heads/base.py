@@ -76,14 +76,21 @@ def _version() -> str:
     return __version__
 
 
-def read_config_file(folder: Path) -> dict[str, Any]:
+def read_json(folder: Path, what: str, fix: str = "") -> Any:
+    """``folder/config.json`` parsed; a missing or malformed file is a one-line ValueError
+    (``what``: the kind of folder expected, ``fix``: what to do about bad JSON)."""
     path = folder / CONFIG_NAME
     if not path.is_file():
-        raise ValueError(f"{folder} has no {CONFIG_NAME}: not a headway drafter folder")
+        raise ValueError(f"{folder} has no {CONFIG_NAME}: not {what} folder")
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); re-export the drafter") from None
+        raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}){fix}") from None
+
+
+def read_config_file(folder: Path) -> dict[str, Any]:
+    path = folder / CONFIG_NAME
+    data = read_json(folder, "a headway drafter", "; re-export the drafter")
     if not isinstance(data, dict) or "drafter_type" not in data:
         hint = ""
         if isinstance(data, dict) and ("medusa_num_heads" in data or data.get("model_type") in ("medusa", "llama")):

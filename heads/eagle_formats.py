@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_weights
+from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_json, read_weights
 from headway.heads.eagle import EagleConfig, EagleHead
 from headway.heads.features import check_feature_layers
 
@@ -354,15 +354,9 @@ def _folder(folder) -> Path:
 
 
 def _read_config(folder: Path) -> dict:
-    path = folder / CONFIG_NAME
-    if not path.is_file():
-        raise ValueError(f"{folder} has no {CONFIG_NAME}: not an EAGLE drafter folder")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(folder, "an EAGLE drafter")
     if not isinstance(data, dict):
-        raise ValueError(f"{path} does not hold a JSON object")
+        raise ValueError(f"{folder / CONFIG_NAME} does not hold a JSON object")
     return data
 
 

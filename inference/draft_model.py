@@ -107,15 +107,15 @@ class DraftModelDrafter(Drafter):
             self._cached = length - 1
         logits = chain_forward(self.model, self._cache, ctx.tokens[self._cached:], self._cached)  # [V]
         self._cached = length
-        self._device = ctx.tokens.device
+        feed = self._feed(length, ctx.tokens.device)
         if isinstance(tree, DynamicTree):
-            draft = expand_dynamic(tree, min(ctx.max_depth, room), int(ctx.tokens[-1]), logits, self._feed(length))
+            draft = expand_dynamic(tree, min(ctx.max_depth, room), int(ctx.tokens[-1]), logits, feed)
         elif tree.size == 1:
             return root_only(ctx)
         elif tree.is_chain:
             draft = self._chain(ctx, tree, logits)
         else:
-            draft = expand_static(tree, int(ctx.tokens[-1]), logits, self._feed(length), ctx.sampling, ctx.generator)
+            draft = expand_static(tree, int(ctx.tokens[-1]), logits, feed, ctx.sampling, ctx.generator)
         crop_to(self._cache, length)  # drop every draft entry: the cache holds the context only
         return draft
 
@@ -131,10 +131,10 @@ class DraftModelDrafter(Drafter):
                 logits = chain_forward(self.model, self._cache, tok[0], length + d)
         return Draft(tree, torch.cat(tokens), q if ctx.sampling is not None else None)
 
-    def _feed(self, length: int):
+    def _feed(self, length: int, device: torch.device):
         """The model run for the shared expansion: nodes after the cached context and the nodes fed."""
         def feed(exp: Expansion, nodes: list[int]) -> torch.Tensor:
-            device, dtype = self._device, self.model.dtype
+            dtype = self.model.dtype
             mask = feed_mask(exp, nodes, length, dtype, device)  # [1, 1, R, length + F + R]
             ids = torch.tensor([exp.tokens[n] for n in nodes], device=device)[None]
             positions = torch.tensor([length - 1 + exp.depths[n] for n in nodes], device=device)[None]

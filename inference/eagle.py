@@ -50,8 +50,7 @@ class EagleDrafter(Drafter):
             rope = {n: b.float() for n, b in self.head.rotary_emb.named_buffers(recurse=False)}
             self.head.to(p.device, p.dtype)
             for name, buf in rope.items():
-                self.head.rotary_emb._buffers[name] = buf.to(p.device)
-            self.head.bind_target(target_model)
+                self.head.rotary_emb._buffers[name] = buf.to(p.device)  # the bound target tensors need no re-bind
         self._widen_ids = self.head.draft_token_ids
         self._vocab = self.head.config.vocab_size
 

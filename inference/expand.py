@@ -112,8 +112,7 @@ def expand_static(tree: Tree, root_token: int, root_logits: torch.Tensor, feed: 
 
     ``to_target`` maps indices of the drafter's logits to target token ids, ``widen`` a [V']
     distribution to the target's [V] (both identity for a full vocabulary)."""
-    exp = Expansion([-1], [root_token], [0])
-    exp.parents, exp.tokens, exp.depths = list(tree.parents), [root_token] + [0] * (tree.size - 1), list(tree.depths)
+    exp = Expansion(list(tree.parents), [root_token] + [0] * (tree.size - 1), list(tree.depths))
     q = {}
     frontier, logits = [0], root_logits[None]  # nodes whose children are picked next, their logits [R, V']
     while frontier:
