@@ -40,10 +40,13 @@ def local_tokenizer_vocab(model) -> dict | None:
 class DraftModelDrafter(Drafter):
     """A transformers causal LM sharing the target's tokenizer; default tree: a chain of ``gamma``.
 
-    The vocabulary sizes must match; when both models were loaded from local folders that hold
-    their tokenizers (or ``tokenizer`` / ``target_tokenizer`` are given), the tokenizers'
-    vocabularies must be identical too: same-sized vocabularies with other token ids would make
-    every draft wrong while looking valid.
+    When both models were loaded from local folders that hold their tokenizers (or ``tokenizer`` /
+    ``target_tokenizer`` are given), the tokenizers' vocabularies must be identical: same-sized
+    vocabularies with other token ids would make every draft wrong while looking valid. The
+    embedding sizes may differ only by padding past that shared vocabulary (Qwen2.5-0.5B has
+    151,936 rows, 7B 152,064): the draft's logits are then cut to the real vocabulary and widened
+    to the target's with -inf, so it never proposes a padding id. At bind the draft model moves to
+    the target's device and dtype.
     """
 
     def __init__(self, model, gamma: int = 4, tokenizer=None, target_tokenizer=None):
@@ -56,12 +59,10 @@ class DraftModelDrafter(Drafter):
         self._cache = None
         self._cached = 0  # context tokens whose keys/values are in the cache
         self._context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        self._vocab: tuple[int, int] | None = None  # (real vocabulary, target's vocab_size) when the draft's logits need fitting
 
     def bind(self, target_model) -> None:
         target_vocab, draft_vocab = vocab_size(target_model), vocab_size(self.model)
-        if target_vocab != draft_vocab:
-            raise ValueError(f"draft model vocab_size {draft_vocab} does not match the target's vocab_size "
-                             f"{target_vocab}: the draft model must share the target's tokenizer and vocabulary")
         draft_tok, target_tok = self._tokenizers
         mine = draft_tok.get_vocab() if draft_tok is not None else local_tokenizer_vocab(self.model)
         theirs = target_tok.get_vocab() if target_tok is not None else local_tokenizer_vocab(target_model)
@@ -69,9 +70,28 @@ class DraftModelDrafter(Drafter):
             differ = sorted(set(mine.items()) ^ set(theirs.items()))[:3]
             raise ValueError(f"the draft model's tokenizer differs from the target's (e.g. {differ}): "
                              "use a draft model trained with the target's tokenizer")
-        device = next(target_model.parameters()).device
-        if next(self.model.parameters()).device != device:
-            self.model.to(device)
+        real = max(mine.values()) + 1 if mine is not None and theirs is not None else None
+        if target_vocab != draft_vocab and (real is None or real > min(target_vocab, draft_vocab)):
+            raise ValueError(f"draft model vocab_size {draft_vocab} does not match the target's vocab_size {target_vocab}"
+                             + (": the draft model must share the target's tokenizer and vocabulary" if real else
+                                "; if both share one tokenizer and only the embedding padding differs, pass "
+                                "DraftModelDrafter(model, tokenizer=..., target_tokenizer=...) so the shared "
+                                "vocabulary can be checked"))
+        self._vocab = (real, target_vocab) if real is not None and (real < draft_vocab or draft_vocab != target_vocab) \
+            else None
+        param = next(self.model.parameters())
+        device, dtype = next(target_model.parameters()).device, target_model.dtype
+        if param.device != device or (param.is_floating_point() and param.dtype != dtype):
+            self.model.to(device=device, dtype=dtype)
+
+    def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., V_draft] -> [..., V_target]: ids past the shared vocabulary get -inf (identity when none)."""
+        if self._vocab is None:
+            return logits
+        real, target_vocab = self._vocab
+        out = logits.new_full((*logits.shape[:-1], target_vocab), float("-inf"))
+        out[..., :real] = logits[..., :real]
+        return out
 
     def default_tree(self) -> Tree:
         return self._default
@@ -105,7 +125,7 @@ class DraftModelDrafter(Drafter):
         if self._cached >= length:  # defensive: the root must be fed to get its distribution
             crop_to(self._cache, length - 1)
             self._cached = length - 1
-        logits = chain_forward(self.model, self._cache, ctx.tokens[self._cached:], self._cached)  # [V]
+        logits = self.fit_vocab(chain_forward(self.model, self._cache, ctx.tokens[self._cached:], self._cached))  # [V]
         self._cached = length
         feed = self._feed(length, ctx.tokens.device)
         if isinstance(tree, DynamicTree):
@@ -128,7 +148,7 @@ class DraftModelDrafter(Drafter):
             if dist is not None:
                 q[d] = dist[0]
             if d + 1 < tree.depth:
-                logits = chain_forward(self.model, self._cache, tok[0], length + d)
+                logits = self.fit_vocab(chain_forward(self.model, self._cache, tok[0], length + d))
         return Draft(tree, torch.cat(tokens), q if ctx.sampling is not None else None)
 
     def _feed(self, length: int, device: torch.device):
@@ -140,5 +160,5 @@ class DraftModelDrafter(Drafter):
             positions = torch.tensor([length - 1 + exp.depths[n] for n in nodes], device=device)[None]
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self._cache,
                              use_cache=True)
-            return out.logits[0]  # [R, V]
+            return self.fit_vocab(out.logits[0])  # [R, V]
         return feed

@@ -19,6 +19,7 @@ import torch
 from headway.heads.features import FeatureCapture
 from headway.inference.drafter import Draft, DraftContext, as_drafter
 from headway.inference.kv_cache import compact_cache, new_cache
+from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree
 from headway.inference.tree_attention import check_attention, prefill, tree_forward
 from headway.inference.verify import (LazyProbs, SamplingParams, check_sampling_args, probs, verify_greedy,
@@ -115,29 +116,42 @@ class SpeculativeGenerator:
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, generator: torch.Generator | None = None,
-                 eos_token_id: int | list[int] | None = None) -> SpeculativeOutput:
+                 top_p: float = 1.0, generator: torch.Generator | None = None, *, streamer=None,
+                 generation_config=None, logits_processor=None, **generation_kwargs) -> SpeculativeOutput:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids`` ([1, T] or [T]).
 
         ``temperature=0`` is greedy and equals ``target_model.generate(do_sample=False)`` token for
         token; ``temperature>0`` samples exactly from the target's distribution after the same
         temperature / top-k / top-p (unless acceptance="typical"). ``generator`` seeds every random
-        draw. Generation stops right after an ``eos_token_id`` (None: never stops early; unlike
-        ``generate``, the model's generation_config is not consulted).
+        draw.
+
+        As in ``generate``, the target's ``generation_config`` is honoured, updated by
+        ``generation_config`` and by keyword settings (``repetition_penalty=1.1``,
+        ``no_repeat_ngram_size=3``, ``min_new_tokens=5``, ``suppress_tokens``, ``bad_words_ids``,
+        ``eos_token_id`` ...): its logits processors (and those in ``logits_processor``, which must
+        be pure functions of (input_ids, scores)) are applied to every tree node with that node's
+        own context, and generation stops right after an EOS token (the config's unless
+        ``eos_token_id`` is given; ``eos_token_id=None`` never stops). Settings that cannot be
+        honoured exactly (beam search, guidance, stop strings, other sampling warpers) are refused.
+        ``streamer``: a transformers streamer (e.g. ``TextStreamer(tokenizer, skip_prompt=True)``);
+        it receives the prompt, then the tokens of each round as they are accepted.
         """
         prompt = self._check_inputs(input_ids, max_new_tokens, temperature, top_k, top_p)
         max_new_tokens = self._fit_context(prompt.shape[0], max_new_tokens)
         sampling = SamplingParams(temperature, top_k, top_p) if temperature > 0 else None
+        setup = prepare_generation(self.target, prompt, max_new_tokens, sampling is not None, generation_config,
+                                   logits_processor, **generation_kwargs)
+        processors, eos = setup.processors, setup.eos_token_ids
         if generator is not None and generator.device.type != self.device.type:
             raise ValueError(f"generator is on {generator.device} but the target is on {self.device}: "
                              f"pass torch.Generator(device={str(self.device)!r})")
         if generator is None and sampling is not None:
             generator = torch.Generator(self.device).manual_seed(int(torch.randint(2**62, ())))
-        eos = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
         stats = GenerationStats(acceptance=self.acceptance,
                                 lossy=self.acceptance == "typical" and sampling is not None)
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         drafter, layers = self.drafter, self.drafter.feature_layers
+        context = self.context_length()
         with contextlib.ExitStack() as stack:
             # forward hooks keep only the layers the drafter reads, for the positions it has not seen
             capture = stack.enter_context(FeatureCapture(self.target, layers)) if layers else None
@@ -153,6 +167,8 @@ class SpeculativeGenerator:
                 features = capture.pop()[0] if capture else None  # [P - 1, F]
             sync()
             stats.time_prefill = time.perf_counter() - t0
+            if streamer is not None:
+                streamer.put(prompt.cpu())
 
             while stats.new_tokens < max_new_tokens:
                 budget = max_new_tokens - stats.new_tokens
@@ -164,9 +180,11 @@ class SpeculativeGenerator:
                 sync()
                 t1 = time.perf_counter()
                 logits, _, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
-                                                pad_to=self.pad_to)
+                                                pad_to=self.pad_to, max_positions=context)
                 sync()
                 t2 = time.perf_counter()
+                if processors:  # each node scored as generate would score it after its own context
+                    logits = apply_processors(processors, seq[:length], draft.tree, draft.tokens, logits)
                 path, new = self._accept(draft, logits, sampling, generator)
                 compact_cache(cache, length - 1, path, width)
                 if capture:  # the accepted path's features: positions length-1 .. length-1+accepted
@@ -178,6 +196,8 @@ class SpeculativeGenerator:
                 seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
                 length += len(new)
                 stats.new_tokens += len(new)
+                if streamer is not None:
+                    streamer.put(seq[length - len(new):length].cpu())
                 stats.target_forward_passes += 1
                 stats.accepted_per_step.append(len(new))
                 stats.draft_depth_per_step.append(draft.tree.depth)
@@ -189,6 +209,8 @@ class SpeculativeGenerator:
                 stats.time_bookkeeping += t3 - t2
                 if hit is not None:
                     break
+        if streamer is not None:
+            streamer.end()
         return SpeculativeOutput(seq[:length][None].clone(), stats)
 
     def _accept(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams | None,

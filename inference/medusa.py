@@ -32,11 +32,12 @@ class MedusaDrafter(Drafter):
         return self.heads.config.num_heads
 
     def bind(self, target_model) -> None:
-        self.heads.bind_target(target_model)  # ValueError naming both sizes on a hidden/vocab mismatch
+        """Check sizes, then move the heads to the target's device and dtype once (a shared lm_head
+        is then used as it is, never copied per call)."""
+        self.heads.check_target(target_model)  # ValueError naming both sizes on a hidden/vocab mismatch
+        self.heads.to(device=next(target_model.parameters()).device, dtype=target_model.dtype)
+        self.heads.bind_target(target_model)
         self.feature_layers = [num_layers(target_model)]
-        device = next(target_model.parameters()).device
-        if next(self.heads.parameters(), torch.empty(0, device=device)).device != device:
-            self.heads.to(device)
 
     def default_tree(self) -> Tree:
         if self._default is None:

@@ -51,14 +51,17 @@ def verify_width(n: int, pad_to: int) -> int:
 
 
 def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int, *, output_hidden: bool = False,
-                 pad_to: int = 1):
+                 pad_to: int = 1, max_positions: int | None = None):
     """Run ``model`` over the tree's nodes appended to a cache holding ``prefix_len`` tokens.
 
     tokens: [N] long (node 0 first) on the model's device. The cache grows by the padded width W;
-    the caller compacts it. Returns (logits [N, V], final-norm hidden states [N, H] or None, W).
+    the caller compacts it. ``max_positions``: the model's context (absolute position embeddings):
+    a chain is not padded past it. Returns (logits [N, V], final-norm hidden states [N, H] or None, W).
     """
     n = tokens.shape[0]
     width = verify_width(n, pad_to)
+    if tree.is_chain and max_positions is not None and prefix_len + width > max_positions:
+        width = n  # a chain's padding sits after its last node: keep every position inside the context
     device, dtype = tokens.device, model.dtype
     if width > n:
         tokens = torch.cat([tokens, tokens[:1].expand(width - n)])

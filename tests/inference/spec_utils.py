@@ -30,6 +30,7 @@ def tiny_vocab_model(seed: int, vocab: int = VOCAB, scale: float = 15.0, dtype=t
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)
+    model.generation_config.eos_token_id = None  # the exact joints enumerate every token, EOS included
     return model.to(dtype)
 
 
@@ -85,9 +86,11 @@ def total_variation(samples, joint: torch.Tensor) -> float:
     return float((freq - joint.flatten()).abs().sum() / 2)
 
 
-def reference_generate(model, ids, max_new, eos=None):
+def reference_generate(model, ids, max_new, **settings):
+    """``generate(do_sample=False)`` as a user calls it: the model's generation config (its EOS
+    included) updated by ``settings`` (e.g. ``eos_token_id=None``, ``repetition_penalty=1.2``)."""
     return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
-                          eos_token_id=eos, pad_token_id=0)
+                          pad_token_id=0, **settings)
 
 
 def train_medusa(target, num_heads=3, steps=500, seed=0, low=4):
@@ -96,7 +99,7 @@ def train_medusa(target, num_heads=3, steps=500, seed=0, low=4):
     vocab = target.config.vocab_size
     prompts = torch.randint(low, vocab, (256, 6), generator=g)
     with torch.no_grad():
-        seqs = reference_generate(target, prompts, 30)  # [256, 36]
+        seqs = reference_generate(target, prompts, 30, eos_token_id=None)  # [256, 36]
         hidden = target(seqs, output_hidden_states=True).hidden_states[-1].float()  # [256, 36, H]
     t = seqs.shape[1] - num_heads - 1
     x = hidden[:, :t].reshape(-1, hidden.shape[-1])  # [R, H]
@@ -258,7 +261,7 @@ def _allclose(actual, expected, what):
 
 
 def check_wiring(target, case: WiringCase, fixed_tree, prompt, params, max_new: int, calls: list[VerifyCall],
-                 output) -> None:
+                 output, processors=None) -> None:
     """Assert that every verification of one generate call got exactly the right inputs.
 
     For each round (context = prompt + what earlier rounds produced): the root is the context's
@@ -298,7 +301,10 @@ def check_wiring(target, case: WiringCase, fixed_tree, prompt, params, max_new: 
         assert call.p.shape[0] == n
         for i in range(n):
             ids = context + [tokens[j] for j in node_path(parents, i)[1:]]
-            _allclose(call.p[i], probs(last_logits(target, ids), params), f"{where}: p[{i}] (path {ids[start:]})")
+            logits = last_logits(target, ids)
+            if processors is not None:  # the generation config's processors, applied to this path's context
+                logits = processors(torch.tensor([ids]), logits.float()[None])[0]
+            _allclose(call.p[i], probs(logits, params), f"{where}: p[{i}] (path {ids[start:]})")
             if case.q_ref is not None and children[i]:
                 assert call.q is not None, f"{where}: q is None but the drafter samples its candidates"
                 _allclose(call.q[i], case.q_ref(ids, len(context), params), f"{where}: q[{i}] (path {ids[start:]})")

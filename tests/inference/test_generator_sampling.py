@@ -20,8 +20,10 @@ import dataclasses
 
 import pytest
 import torch
+from transformers import LogitsProcessorList, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
 import headway.inference.generator as generator_mod
+import headway.inference.processors as processors_mod
 import headway.inference.verify as verify_mod
 from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator
 from eagle_utils import eagle_q_ref, train_eagle
@@ -86,17 +88,19 @@ def setup(models, wiring_cases):
 
 # --- wiring: exact, node by node --------------------------------------------------------------
 
-def run_and_check(target, case, params, monkeypatch, calls=3, max_new=12, seed=0):
-    """A few generate calls on LONG_PROMPT with the recorder in place; check_wiring on each."""
+def run_and_check(target, case, params, monkeypatch, calls=3, max_new=12, seed=0, settings=None, processors=None):
+    """A few generate calls on LONG_PROMPT with the recorder in place; check_wiring on each.
+    ``settings``: generation-config settings passed to generate; ``processors``: the reference
+    LogitsProcessorList they stand for, applied by check_wiring to each node's plain context."""
     recorder = VerifyRecorder(monkeypatch)
     gen = SpeculativeGenerator(target, case.drafter, tree=case.tree)
     g = torch.Generator().manual_seed(seed)
     rounds = 0
     for _ in range(calls):
         out = gen.generate(torch.tensor([LONG_PROMPT]), max_new_tokens=max_new, temperature=params.temperature,
-                           top_k=params.top_k, top_p=params.top_p, generator=g)
+                           top_k=params.top_k, top_p=params.top_p, generator=g, **(settings or {}))
         calls_made = recorder.take()
-        check_wiring(target, case, gen.tree, LONG_PROMPT, params, max_new, calls_made, out)
+        check_wiring(target, case, gen.tree, LONG_PROMPT, params, max_new, calls_made, out, processors)
         rounds += len(calls_made)
     return rounds
 
@@ -106,6 +110,27 @@ def run_and_check(target, case, params, monkeypatch, calls=3, max_new=12, seed=0
 def test_sampling_wiring(models, wiring_cases, drafter, setting, monkeypatch):
     rounds = run_and_check(models.target, wiring_cases[drafter], SETTINGS[setting], monkeypatch)
     assert rounds >= 3 * 3  # several rounds per call, so rounds after the first are checked too
+
+
+@pytest.mark.parametrize("drafter", ["draft-tree", "lookup-tree", "medusa-tree", "eagle3-dynamic"])
+def test_sampling_wiring_with_generation_config(models, wiring_cases, drafter, monkeypatch):
+    """p at every node is the target's distribution after the generation config's processors run on
+    that node's own context (repetition penalty over the context and the path, no-repeat bigrams)."""
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5), NoRepeatNGramLogitsProcessor(2)])
+    rounds = run_and_check(models.target, wiring_cases[drafter], SETTINGS["T1"], monkeypatch,
+                           settings=dict(repetition_penalty=1.5, no_repeat_ngram_size=2), processors=processors)
+    assert rounds >= 3 * 3
+
+
+def test_processors_on_the_wrong_context_are_caught(models, wiring_cases, monkeypatch):
+    """Processing every node with the root's context (ignoring the draft path) must fail the check."""
+    real = processors_mod.node_contexts
+    monkeypatch.setattr(processors_mod, "node_contexts",
+                        lambda prefix, tree, tokens, nodes: real(prefix, tree, tokens, [0] * len(nodes)))
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)])
+    with pytest.raises(AssertionError, match=r"p\[\d+\]"):
+        run_and_check(models.target, wiring_cases["draft-tree"], SETTINGS["T1"], monkeypatch,
+                      settings=dict(repetition_penalty=1.5), processors=processors)
 
 
 def _shift_q(q):

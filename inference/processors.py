@@ -1,0 +1,134 @@
+"""The target's generation config, honoured exactly: logits processors applied to every tree node.
+
+``generate`` builds a ``LogitsProcessorList`` from the model's ``generation_config`` and its
+arguments (repetition penalty, no-repeat n-grams, min new tokens, suppressed and bad words, ...)
+and applies it to the next-token scores with the sequence so far. Speculative verification scores
+many positions at once, so each tree node is processed with its *own* context: the generated
+sequence plus the draft path down to that node. Nodes of one depth have contexts of one length,
+so each depth is one batched call. The processed scores are then what greedy argmax and lossless
+sampling see, which keeps the output exactly the target's.
+
+Sampling settings (temperature, top-k, top-p) stay ``SpeculativeGenerator.generate``'s arguments,
+as before (``temperature=0`` is ``generate(do_sample=False)``); settings that cannot be applied
+exactly are refused with a message naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+from transformers.generation import logits_process as lp
+
+from headway.inference.tree import Tree
+
+# processors that are pure functions of (input_ids, scores): safe to call per node, many times per position
+PURE = (lp.SequenceBiasLogitsProcessor, lp.EncoderRepetitionPenaltyLogitsProcessor, lp.RepetitionPenaltyLogitsProcessor,
+        lp.NoRepeatNGramLogitsProcessor, lp.EncoderNoRepeatNGramLogitsProcessor, lp.NoBadWordsLogitsProcessor,
+        lp.MinLengthLogitsProcessor, lp.MinNewTokensLengthLogitsProcessor, lp.ForcedBOSTokenLogitsProcessor,
+        lp.ForcedEOSTokenLogitsProcessor, lp.InfNanRemoveLogitsProcessor, lp.ExponentialDecayLengthPenalty,
+        lp.SuppressTokensLogitsProcessor, lp.SuppressTokensAtBeginLogitsProcessor)
+
+# generation-config fields that headway cannot honour exactly, with what they are at rest
+UNSUPPORTED = {
+    "guidance_scale": (None, 1, 1.0),  # classifier-free guidance runs a second, unconditional model pass
+    "num_beams": (None, 1),
+    "num_return_sequences": (None, 1),
+    "stop_strings": (None,),
+    "watermarking_config": (None,),
+    "penalty_alpha": (None,),  # contrastive search
+}
+# sampling-only warpers beyond temperature / top-k / top-p: honoured only by refusing them when sampling
+SAMPLING_ONLY = {"min_p": (None, 0, 0.0), "typical_p": (None, 1, 1.0), "epsilon_cutoff": (None, 0, 0.0),
+                 "eta_cutoff": (None, 0, 0.0), "top_h": (None,)}
+
+
+@dataclasses.dataclass
+class GenerationSetup:
+    """What ``generate`` would use for one call: the processors (empty: nothing to apply) and the EOS ids."""
+
+    processors: LogitsProcessorList
+    eos_token_ids: set[int]
+
+
+def prepare_generation(model, prompt: torch.Tensor, max_new_tokens: int, sampling: bool,
+                       generation_config: GenerationConfig | None = None,
+                       logits_processor: LogitsProcessorList | None = None, **kwargs) -> GenerationSetup:
+    """Merge the model's generation config with ``generation_config`` and ``kwargs`` as ``generate``
+    does, and build its logits processors for a prompt of ``prompt.shape[0]`` tokens.
+
+    prompt: [T] long. Raises ValueError naming any setting that cannot be honoured exactly.
+    """
+    config, unused = model._prepare_generation_config(generation_config, **kwargs)
+    if unused:
+        raise ValueError(f"unknown generation setting(s) {sorted(unused)}: pass GenerationConfig fields "
+                         "(e.g. repetition_penalty=1.1, no_repeat_ngram_size=3, min_new_tokens=5)")
+    for name, rest in UNSUPPORTED.items():
+        value = getattr(config, name, None)
+        if value not in rest:
+            raise ValueError(f"generation setting {name}={value!r} cannot be honoured exactly by speculative decoding; "
+                             f"set {name}={rest[-1]!r} (in generation_config or as an argument)")
+    if sampling:
+        for name, rest in SAMPLING_ONLY.items():
+            value = getattr(config, name, None)
+            if value not in rest:
+                raise ValueError(f"sampling setting {name}={value!r} is not supported: headway samples with "
+                                 f"temperature, top_k and top_p only; set {name}={rest[-1]!r}")
+    length = prompt.shape[0]
+    config.max_new_tokens = max_new_tokens
+    config.max_length = length + max_new_tokens  # as generate does when max_new_tokens is given
+    if config.min_new_tokens is not None:
+        config.min_length = config.min_new_tokens + length
+    config.do_sample = False  # warpers: headway's own temperature / top-k / top-p, applied after these
+    model._prepare_special_tokens(config, False, device=prompt.device)
+    processors = model._get_logits_processor(config, input_ids_seq_length=length, encoder_input_ids=prompt[None],
+                                             logits_processor=logits_processor or LogitsProcessorList(),
+                                             device=prompt.device, model_kwargs={})
+    own = {id(p) for p in (logits_processor or [])}  # the user's own: documented to be called per node
+    for proc in processors:
+        if id(proc) not in own and not isinstance(proc, PURE):
+            raise ValueError(f"the generation config asks for {type(proc).__name__}, which headway cannot apply "
+                             "exactly per tree node; remove that setting")
+    eos = config.eos_token_id
+    eos = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+    return GenerationSetup(processors, eos)
+
+
+def node_contexts(prefix: torch.Tensor, tree: Tree, tokens: torch.Tensor, nodes: list[int]) -> torch.Tensor:
+    """The sequence each node's next-token scores condition on: ``prefix`` (ending with the root
+    token) plus the draft tokens on the path below the root down to the node.
+
+    prefix: [L]; tokens: [N] node tokens; nodes: R nodes of one depth d -> [R, L + d].
+    """
+    paths = [tree.cached(("path", n), lambda n=n: _path(tree, n)) for n in nodes]  # R x [d]
+    below = tokens[torch.tensor(paths, dtype=torch.long, device=tokens.device)]  # [R, d]
+    return torch.cat([prefix.expand(len(nodes), -1), below], dim=1)
+
+
+def _path(tree: Tree, node: int) -> list[int]:
+    path = []
+    while node > 0:
+        path.append(node)
+        node = tree.parents[node]
+    return path[::-1]
+
+
+def apply_processors(processors: LogitsProcessorList, prefix: torch.Tensor, tree: Tree, tokens: torch.Tensor,
+                     logits: torch.Tensor) -> torch.Tensor:
+    """Each node's scores processed with its own context, as ``generate`` would at that position.
+
+    prefix: [L] the sequence up to and including the root; tokens: [N]; logits: [N, V] ->
+    float32 [N, V] (``generate`` processes float32 scores).
+    """
+    scores = logits.float()
+    if not processors:
+        return scores
+    out = torch.empty_like(scores)
+    by_depth: dict[int, list[int]] = {}
+    for node, depth in enumerate(tree.depths):
+        by_depth.setdefault(depth, []).append(node)
+    for nodes in by_depth.values():
+        idx = torch.tensor(nodes, device=scores.device)
+        out[idx] = processors(node_contexts(prefix, tree, tokens, nodes), scores[idx].clone())
+    return out

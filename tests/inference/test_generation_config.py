@@ -1,0 +1,185 @@
+"""The target's generation config is honoured exactly, and the runtime fixes of issue 7.
+
+Greedy output must equal ``target.generate(do_sample=False)`` with each logits processor that
+``generate`` builds from the generation config (or from arguments), on two model families and
+three drafters (draft-model tree, prompt-lookup tree, Medusa tree); settings that cannot be
+honoured exactly are refused by name. Sampling with processors is checked node by node in
+test_generator_sampling.py (test_sampling_wiring_with_generation_config).
+"""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+
+import pytest
+import torch
+from transformers import GenerationConfig, TextStreamer
+
+from headway.heads import MedusaConfig, MedusaHeads
+from headway.heads.tiny import build_tiny_target
+from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator
+from spec_utils import noisy_copy, reference_generate
+
+DRAFTERS = {
+    "draft-tree": (lambda f: DraftModelDrafter(f.draft), "tree-7"),
+    "lookup-tree": (lambda f: PromptLookup(max_matches=4), None),
+    "medusa-tree": (lambda f: f.heads, "tree-15"),
+}
+
+
+def settings_for(ref_new: list[int]) -> dict[str, dict]:
+    """Settings that change what generate produces on this prompt, built from its plain output."""
+    first, common = ref_new[0], max(set(ref_new), key=ref_new.count)
+    return {
+        "repetition_penalty": dict(repetition_penalty=1.3),
+        "no_repeat_ngram_size": dict(no_repeat_ngram_size=2),
+        "min_new_tokens": dict(eos_token_id=ref_new[3], min_new_tokens=12),  # EOS suppressed until 12 new tokens
+        "suppress_tokens": dict(suppress_tokens=[common, ref_new[5]]),
+        "begin_suppress_tokens": dict(begin_suppress_tokens=[first]),
+        "bad_words_ids": dict(bad_words_ids=[[common], ref_new[6:8]]),
+        "sequence_bias": dict(sequence_bias={(ref_new[2],): -4.0, (ref_new[4], ref_new[5]): 3.0}),
+    }
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_greedy_equals_generate_with_every_processor(family, drafter):
+    make, tree = DRAFTERS[drafter]
+    gen = SpeculativeGenerator(family.target, make(family), tree=tree)
+    changed = 0
+    for prompt in family.prompts[:3]:
+        plain = reference_generate(family.target, prompt, 24, eos_token_id=None)
+        for name, setting in settings_for(plain[0, prompt.shape[1]:].tolist()).items():
+            ref = reference_generate(family.target, prompt, 24, **setting)
+            out = gen.generate(prompt, max_new_tokens=24, **setting)
+            assert torch.equal(out.sequences, ref), f"{family.name}/{drafter}/{name}: differs from generate"
+            changed += not torch.equal(ref[:, :plain.shape[1]], plain[:, :ref.shape[1]])
+    assert changed >= 12  # the settings really change the output, so equality means something
+
+
+def test_generation_config_of_the_model_is_read(family):
+    """A model that ships repetition_penalty (Qwen2.5-Instruct: 1.05) and an EOS in its generation
+    config: headway with no arguments equals generate with no arguments."""
+    target = family.target
+    saved = target.generation_config
+    try:
+        prompt = family.prompts[1]
+        plain = reference_generate(target, prompt, 30, eos_token_id=None)[0, prompt.shape[1]:].tolist()
+        target.generation_config = GenerationConfig(repetition_penalty=1.4, eos_token_id=plain[9], pad_token_id=0)
+        ref = reference_generate(target, prompt, 30)
+        assert ref.shape[1] <= prompt.shape[1] + 30 and not torch.equal(ref[0, prompt.shape[1]:], torch.tensor(plain))
+        gen = SpeculativeGenerator(target, DraftModelDrafter(family.draft), tree="tree-7")
+        assert torch.equal(gen.generate(prompt, max_new_tokens=30).sequences, ref)
+        assert torch.equal(gen.generate(prompt, max_new_tokens=30, generation_config=GenerationConfig()).sequences,
+                           reference_generate(target, prompt, 30, generation_config=GenerationConfig()))
+        no_eos = gen.generate(prompt, max_new_tokens=30, eos_token_id=None)
+        assert no_eos.stats.new_tokens == 30  # eos_token_id=None: never stops, as in generate
+    finally:
+        target.generation_config = saved
+
+
+@pytest.mark.parametrize("setting, name", [
+    (dict(num_beams=2), "num_beams"),
+    (dict(guidance_scale=1.5), "guidance_scale"),
+    (dict(stop_strings=["end"]), "stop_strings"),
+    (dict(penalty_alpha=0.6, top_k=4), "penalty_alpha"),
+    (dict(repetition_penaltyy=1.2), "repetition_penaltyy"),
+])
+def test_settings_that_cannot_be_honoured_are_refused(family, setting, name):
+    gen = SpeculativeGenerator(family.target, PromptLookup())
+    with pytest.raises(ValueError, match=name):
+        gen.generate(family.prompts[0], max_new_tokens=4, **setting)
+
+
+def test_sampling_warpers_beyond_top_k_top_p_are_refused(family):
+    gen = SpeculativeGenerator(family.target, PromptLookup())
+    with pytest.raises(ValueError, match="min_p"):
+        gen.generate(family.prompts[0], max_new_tokens=4, temperature=1.0, min_p=0.1)
+    gen.generate(family.prompts[0], max_new_tokens=4, min_p=0.1)  # greedy: generate(do_sample=False) ignores it too
+
+
+class Recorder:
+    """A streamer in transformers' protocol: put(tensor) per step, end() once."""
+
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended += 1
+
+
+def test_streamer_sees_tokens_as_they_are_accepted(family):
+    gen = SpeculativeGenerator(family.target, DraftModelDrafter(family.draft), tree="tree-7")
+    prompt = family.prompts[2]
+    rec = Recorder()
+    out = gen.generate(prompt, max_new_tokens=20, eos_token_id=None, streamer=rec)
+    assert rec.ended == 1 and rec.puts[0] == prompt[0].tolist()
+    assert sum(rec.puts[1:], []) == out.sequences[0, prompt.shape[1]:].tolist()
+    assert len(rec.puts) - 1 == out.stats.target_forward_passes and max(map(len, rec.puts[1:])) > 1
+
+
+def test_text_streamer_prints_the_generated_text():
+    target, tokenizer = build_tiny_target("llama", seed=3)
+    prompt = tokenizer("the cat sat on the mat and the dog", return_tensors="pt")["input_ids"]
+    gen = SpeculativeGenerator(target, PromptLookup(max_matches=2))
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        out = gen.generate(prompt, max_new_tokens=16, streamer=TextStreamer(tokenizer, skip_prompt=True))
+    assert buf.getvalue().strip() == tokenizer.decode(out.sequences[0, prompt.shape[1]:]).strip() != ""
+
+
+def test_absolute_positions_stay_inside_the_context():
+    """GPT-2 (learned absolute positions, 40 of them): generating up to the last position with a
+    padded chain must neither index past the table nor change the output."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=40, eos_token_id=None)
+    torch.manual_seed(0)
+    target = GPT2LMHeadModel(cfg).eval()
+    target.generation_config.eos_token_id = None
+    draft = noisy_copy(target, seed=1)
+    prompt = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
+    ref = reference_generate(target, prompt, 20)
+    for drafter, tree in [(DraftModelDrafter(draft, gamma=2), None), (PromptLookup(num_pred_tokens=1), None)]:
+        out = SpeculativeGenerator(target, drafter, tree=tree, pad_to=4).generate(prompt, max_new_tokens=20)
+        assert torch.equal(out.sequences, ref)
+
+
+def test_draft_model_with_padded_embeddings_is_accepted(family):
+    """Same tokenizer, embedding padded by 8 rows (as Qwen2.5-0.5B vs 7B): accepted when the
+    tokenizers show the shared vocabulary; padding ids are never proposed; output unchanged."""
+    from headway.heads.tiny import tiny_tokenizer
+
+    target, tokenizer = build_tiny_target(family.name, seed=5)
+    draft = noisy_copy(target, seed=5)
+    vocab = target.config.vocab_size
+    draft.resize_token_embeddings(vocab + 8, mean_resizing=False)
+    with torch.no_grad():
+        draft.get_output_embeddings().weight[vocab:] = 50.0  # padding rows that would win every argmax
+    with pytest.raises(ValueError, match="tokenizer="):
+        SpeculativeGenerator(target, DraftModelDrafter(draft))
+    drafter = DraftModelDrafter(draft, tokenizer=tiny_tokenizer(), target_tokenizer=tokenizer)
+    gen = SpeculativeGenerator(target, drafter, tree="tree-7")
+    prompt = torch.randint(4, vocab, (1, 8), generator=torch.Generator().manual_seed(1))
+    out = gen.generate(prompt, max_new_tokens=24, eos_token_id=None)
+    assert torch.equal(out.sequences, reference_generate(target, prompt, 24, eos_token_id=None))
+    assert out.stats.mean_accepted_length > 1.3  # drafts are real tokens, not padding
+    q = drafter.fit_vocab(torch.zeros(2, vocab + 8))
+    assert q.shape == (2, vocab) and torch.isfinite(q).all()
+
+
+def test_medusa_heads_are_cast_once_at_bind():
+    """fp32 heads sharing the lm_head beside a bf16 target: cast at bind, the target's weight used as is."""
+    target, _ = build_tiny_target("qwen2", seed=2)
+    target = target.to(torch.bfloat16)
+    heads = MedusaHeads.from_target(target.float(), MedusaConfig(num_heads=2, share_lm_head=True)).float()
+    target = target.to(torch.bfloat16)
+    gen = SpeculativeGenerator(target, heads, tree="chain-2")
+    assert all(p.dtype == torch.bfloat16 for p in heads.parameters())
+    assert heads._shared[0].data_ptr() == target.get_output_embeddings().weight.data_ptr()
+    prompt = torch.randint(4, target.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
+    out = gen.generate(prompt, max_new_tokens=12, eos_token_id=None)
+    assert torch.equal(out.sequences, reference_generate(target, prompt, 12, eos_token_id=None))
