@@ -22,7 +22,7 @@ import torch
 from headway.heads import eagle_formats, medusa_formats
 from headway.heads.base import CONFIG_NAME, Drafter, load_drafter, read_json
 from headway.heads.eagle import EagleHead
-from headway.heads.eagle_formats import _read_keys, _write_folder, detect_eagle_format, export_eagle, import_eagle
+from headway.heads.eagle_formats import read_keys, write_folder, detect_eagle_format, export_eagle, import_eagle
 from headway.heads.features import num_layers
 from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_formats import detect_medusa_format, export_medusa, import_medusa
@@ -69,7 +69,7 @@ def detect_format(path) -> str:
 
 def _has_eagle_tensors(folder: Path) -> bool:
     try:
-        return "fc.weight" in _read_keys(folder)
+        return "fc.weight" in read_keys(folder)
     except ValueError:  # no (readable) model.safetensors
         return False
 
@@ -167,7 +167,7 @@ def _save_headway(drafter: Drafter, out, overwrite: bool) -> Path:
     """headway's own format, as ``save_pretrained`` writes it (config.json, model.safetensors, README.md),
     moved into place atomically like the engine layouts."""
     state = {k: v.detach().to("cpu").contiguous() for k, v in drafter.state_dict().items()}
-    folder = _write_folder(out, drafter.config.to_dict(), state, overwrite)
+    folder = write_folder(out, drafter.config.to_dict(), state, overwrite)
     drafter.generate_model_card().save(folder / "README.md")
     return folder
 

@@ -162,7 +162,7 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
             tensors["embed_tokens.weight"] = state["embed_tokens.weight"]
         config = {"architectures": [EAGLE1_ARCHITECTURE], **_llama_fields(cfg, dtype), "bias": bool(cfg.fc_bias),
                   "headway": meta}
-        return _write_folder(out_dir, config, tensors, overwrite)
+        return write_folder(out_dir, config, tensors, overwrite)
 
     if cfg.fc_bias:
         raise ValueError(f"the {fmt!r} layout has no fc bias (SGLang, vLLM and speculators build fc without one); "
@@ -192,7 +192,7 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
                   "eagle_config": {"use_aux_hidden_state": True,  # SGLang reads this one (its numbering)
                                    "eagle_aux_hidden_state_layer_ids": to_engine_layer_ids(layers, "sglang")},
                   "headway": meta}
-        return _write_folder(out_dir, config, tensors, overwrite)
+        return write_folder(out_dir, config, tensors, overwrite)
 
     verifier = target_name_or_path or cfg.base_model_name_or_path
     config = {
@@ -217,7 +217,7 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
         "torch_dtype": _dtype_name(dtype),
         "headway": meta,
     }
-    return _write_folder(out_dir, config, tensors, overwrite)
+    return write_folder(out_dir, config, tensors, overwrite)
 
 
 def _llama_fields(cfg: EagleConfig, dtype: torch.dtype) -> dict:
@@ -255,7 +255,7 @@ def _local_architectures(name_or_path: str | None) -> list[str]:
         return []
 
 
-def _write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwrite: bool) -> Path:
+def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwrite: bool) -> Path:
     """config.json + model.safetensors, written in a temporary folder beside ``out_dir`` and moved in."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -294,7 +294,7 @@ def _write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overw
 def detect_eagle_format(folder) -> str:
     """The layout of an exported EAGLE folder: "eagle", "sglang" or "speculators" (ValueError otherwise)."""
     folder = _folder(folder)
-    return _detect(folder, _read_config(folder), _read_keys(folder))
+    return _detect(folder, _read_config(folder), read_keys(folder))
 
 
 def import_eagle(folder, fmt: str | None = None, *, version: int | None = None, num_target_layers: int | None = None,
@@ -360,7 +360,7 @@ def _read_config(folder: Path) -> dict:
     return data
 
 
-def _read_keys(folder: Path) -> set[str]:
+def read_keys(folder: Path) -> set[str]:
     from safetensors import safe_open
 
     path = folder / WEIGHTS_NAME
@@ -433,7 +433,7 @@ def _llama_config(path: Path, data: dict, what: str) -> dict:
         max_position_embeddings=int(data.get("max_position_embeddings") or 8192))
 
 
-def _pick(path: Path, name: str, from_folder, given):
+def pick_field(path: Path, name: str, from_folder, given):
     """A value the folder states wins; a keyword fills the gap; both but different is an error."""
     if from_folder is not None and given is not None and from_folder != given:
         raise ValueError(f"{path} says {name}={from_folder!r} but {name}={given!r} was passed; drop the keyword "
@@ -452,7 +452,7 @@ def _depth(path: Path, meta: dict, verifier: str | None, given: int | None) -> i
                 depth = vcfg.get("num_hidden_layers")
             except (json.JSONDecodeError, AttributeError):
                 depth = None
-    depth = _pick(path, "num_target_layers", depth, given)
+    depth = pick_field(path, "num_target_layers", depth, given)
     if depth is None:
         raise ValueError(f"{path} does not say how many layers the target has; pass num_target_layers= "
                          "(the target's num_hidden_layers)")
@@ -500,7 +500,7 @@ def _parse_eagle1(folder, config, weights, depth_kw, base_kw, layers_kw):
     if "bias" in data and bool(data["bias"]) != fc_bias:
         raise ValueError(f"{path} says bias={data['bias']} but {folder / WEIGHTS_NAME} "
                          f"{'has' if fc_bias else 'lacks'} fc.bias; fix the config or the weights")
-    layers = _pick(path, "feature_layers", None, layers_kw) or [depth]
+    layers = pick_field(path, "feature_layers", None, layers_kw) or [depth]
     if list(layers) != [depth]:
         raise ValueError(f"EAGLE-1 drafters read the target's final-norm output (layer {depth}), not {list(layers)}")
     h = fields["hidden_size"]
@@ -514,7 +514,7 @@ def _parse_eagle1(folder, config, weights, depth_kw, base_kw, layers_kw):
     _check_tensors(folder, "eagle", weights, expected)
     cfg = EagleConfig(version=1, **fields, num_target_layers=depth, feature_layers=[depth], draft_vocab_size=None,
                       fc_bias=fc_bias, store_embeddings=store,
-                      base_model_name_or_path=_pick(path, "base_model_name_or_path",
+                      base_model_name_or_path=pick_field(path, "base_model_name_or_path",
                                                     meta.get("base_model_name_or_path"), base_kw))
     return cfg, dict(weights)
 
@@ -608,7 +608,7 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
     cfg = EagleConfig(version=3, **fields, num_target_layers=depth, feature_layers=layers,
                       draft_vocab_size=lm_rows if "d2t" in state else None, fc_bias=False,
                       store_embeddings="embed_tokens.weight" in state,
-                      base_model_name_or_path=_pick(path, "base_model_name_or_path", base_from_folder, base_kw))
+                      base_model_name_or_path=pick_field(path, "base_model_name_or_path", base_from_folder, base_kw))
     return cfg, state
 
 

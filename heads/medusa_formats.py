@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_json, read_weights
-from headway.heads.eagle_formats import _pick, _write_folder
+from headway.heads.eagle_formats import pick_field, write_folder
 from headway.heads.medusa import MedusaConfig, MedusaHeads
 
 __all__ = ["FORMATS", "PT_NAME", "ST_NAME", "detect_medusa_format", "export_medusa", "import_medusa",
@@ -183,11 +183,11 @@ def _write(out_dir, config: dict, tensors: dict[str, torch.Tensor], weights_name
     """config.json + the weights file, moved into place atomically by eagle_formats' writer; a layout whose
     weights file is not model.safetensors renames (or re-saves, for the torch format) it inside the new folder."""
     if weights_name == PT_NAME:
-        out = _write_folder(out_dir, config, {}, overwrite)
+        out = write_folder(out_dir, config, {}, overwrite)
         torch.save(dict(tensors), out / PT_NAME)  # a plain dict of tensors: loadable with weights_only=True
         (out / WEIGHTS_NAME).unlink()
         return out
-    out = _write_folder(out_dir, config, tensors, overwrite)
+    out = write_folder(out_dir, config, tensors, overwrite)
     if weights_name != WEIGHTS_NAME:
         os.replace(out / WEIGHTS_NAME, out / weights_name)
     return out
@@ -284,7 +284,7 @@ def _parse_official(folder: Path, fmt: str, config: dict, lm_head, vocab_kw, bas
     if fmt == "medusa-v2":
         probe = "0.0.linear.weight"
         hidden = config.get("hidden_size") or (weights[probe].shape[1] if probe in weights else None)
-        vocab = _pick(path, "vocab_size", config.get("vocab_size"), vocab_kw)
+        vocab = pick_field(path, "vocab_size", config.get("vocab_size"), vocab_kw)
         vocab = vocab or (lm_head.shape[0] if lm_head is not None else None) or _local_vocab(config)
         if vocab is None:
             raise ValueError(f"{path} does not give the target's vocabulary size (medusa-v2 heads score through its "
@@ -293,13 +293,13 @@ def _parse_official(folder: Path, fmt: str, config: dict, lm_head, vocab_kw, bas
     else:
         probe = f"0.{depth}.weight"
         vocab, hidden = weights[probe].shape if probe in weights and weights[probe].dim() == 2 else (None, None)
-        _pick(path, "vocab_size", vocab, vocab_kw)
+        pick_field(path, "vocab_size", vocab, vocab_kw)
         share = False
     if hidden is None or vocab is None:
         raise ValueError(f"{weights_path} lacks {probe}, which the {fmt!r} layout with {depth} layer(s) per head "
                          "requires")
     cfg = MedusaConfig(hidden_size=int(hidden), vocab_size=int(vocab), num_heads=num_heads, num_layers=depth,
-                       share_lm_head=share, base_model_name_or_path=_pick(
+                       share_lm_head=share, base_model_name_or_path=pick_field(
                            path, "base_model_name_or_path", config.get("base_model_name_or_path"), base_kw))
     layout = _layout(cfg, fmt)
     _check_names(weights_path, fmt, weights, dict(layout.values()))
@@ -309,7 +309,7 @@ def _parse_official(folder: Path, fmt: str, config: dict, lm_head, vocab_kw, bas
 def _parse_vllm(folder: Path, config: dict, lm_head, vocab_kw, base_kw):
     path = folder / CONFIG_NAME
     hidden, vocab = _positive(path, config, "hidden_size"), _positive(path, config, "vocab_size")
-    _pick(path, "vocab_size", vocab, vocab_kw)
+    pick_field(path, "vocab_size", vocab, vocab_kw)
     num_heads = _positive(path, config, "num_heads" if "num_heads" in config else "medusa_num_heads")
     depth = int(config.get("num_hidden_layers", config.get("medusa_num_layers", 1)))
     truncated = int(config.get("truncated_vocab_size") or vocab)
@@ -326,7 +326,7 @@ def _parse_vllm(folder: Path, config: dict, lm_head, vocab_kw, base_kw):
     if reduced:
         token_map = _checked_token_map(weights_path, token_map, truncated, vocab)
     shared_in_file = bool(config.get("original_lm_head"))  # one lm_heads.0.weight serves every head
-    base = _pick(path, "base_model_name_or_path", (config.get("headway") or {}).get("base_model_name_or_path"), base_kw)
+    base = pick_field(path, "base_model_name_or_path", (config.get("headway") or {}).get("base_model_name_or_path"), base_kw)
     cfg = MedusaConfig(hidden_size=hidden, vocab_size=vocab, num_heads=num_heads, num_layers=depth,
                        draft_vocab_size=truncated if reduced else None, base_model_name_or_path=base)
     blocks = {key: item for key, item in _layout(cfg, "vllm-medusa").items() if key.startswith("blocks.")}
