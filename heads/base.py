@@ -94,24 +94,48 @@ def read_config_file(folder: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or "drafter_type" not in data:
         hint = ""
         if isinstance(data, dict) and ("medusa_num_heads" in data or data.get("model_type") in ("medusa", "llama")):
-            hint = " (it looks like an official Medusa/EAGLE checkpoint: convert it with scripts/convert.py)"
+            hint = (" (it looks like an official Medusa/EAGLE checkpoint: "
+                    "convert it with `headway convert --to headway SRC DST`)")
         raise ValueError(f"{path} has no 'drafter_type': not a headway drafter{hint}")
     return data
 
 
-def resolve_folder(folder_or_hub_id: str | os.PathLike, **hub_kwargs) -> Path:
-    """A local folder as is; otherwise download config.json + model.safetensors from the Hub."""
+def resolve_folder(folder_or_hub_id: str | os.PathLike, *, revision: str | None = None, **hub_kwargs) -> Path:
+    """A local folder as is; otherwise the Hub repo's config.json, model.safetensors and README.md
+    at ``revision`` (a branch, tag or commit; default ``main``), from the cache when offline."""
     path = Path(folder_or_hub_id)
     if path.is_dir():
+        if revision is not None:
+            raise ValueError(f"revision={revision!r} applies to Hub repo ids, but {folder_or_hub_id} is a local "
+                             "folder; drop revision or pass the repo id")
         return path
     if path.exists() or str(folder_or_hub_id).startswith((".", "/")):
         raise FileNotFoundError(f"no drafter folder at {folder_or_hub_id}")
     try:
-        return Path(snapshot_download(str(folder_or_hub_id), allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, "README.md"],
-                                      **hub_kwargs))
-    except Exception as exc:  # offline, unknown repo, bad id: one line, not a Hub trace
-        raise FileNotFoundError(f"{folder_or_hub_id!r} is neither a local drafter folder nor a Hub repo that could be "
-                                f"loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+        return Path(snapshot_download(str(folder_or_hub_id), revision=revision,
+                                      allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, "README.md"], **hub_kwargs))
+    except Exception as exc:  # offline, unknown repo or revision, bad id: one line, not a Hub trace
+        raise FileNotFoundError(_hub_load_error(str(folder_or_hub_id), revision, exc)) from None
+
+
+def _hub_load_error(repo_id: str, revision: str | None, exc: Exception) -> str:
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    at = f"{repo_id!r} at revision {revision!r}" if revision else repo_id
+    if isinstance(exc, HFValidationError):
+        return f"{repo_id!r} is neither a local drafter folder nor a Hub repo id (namespace/name)"
+    if isinstance(exc, RevisionNotFoundError):
+        return f"the Hub repo {repo_id} has no revision {revision!r}: pass one of its branches, tags or commits"
+    if isinstance(exc, RepositoryNotFoundError):
+        return (f"no Hub repo {repo_id} (or it is private or gated: log in with `hf auth login` or set HF_TOKEN), "
+                "and no local folder of that name")
+    if isinstance(exc, LocalEntryNotFoundError) and constants.HF_HUB_OFFLINE:
+        return (f"{at} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE=1 "
+                "forbids downloading: download it once online, or unset HF_HUB_OFFLINE")
+    return (f"{at} is neither a local drafter folder nor a Hub repo that could be loaded "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -187,28 +211,54 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
         self.config = config
 
     def save_pretrained(self, save_directory, *, config=None, metrics: dict | None = None, **kwargs):
-        """Write config.json, model.safetensors and a model card README.md into ``save_directory``."""
-        self._card_metrics = metrics
-        out = super().save_pretrained(save_directory, config=self.config.to_dict(), **kwargs)
-        return out
+        """Write config.json, model.safetensors and a model card README.md into ``save_directory``
+        (the card reads ``metrics`` and any run_config.json / benchmark.json already there)."""
+        from headway.heads.card import model_card
 
-    def push_to_hub(self, repo_id: str, *, config=None, **kwargs):
-        """Upload the drafter (config, safetensors weights, model card) to a Hub repo."""
-        return super().push_to_hub(repo_id, config=self.config.to_dict(), **kwargs)
+        if kwargs.pop("push_to_hub", False):
+            raise ValueError("save_pretrained(push_to_hub=True) is not supported: save, then call push_to_hub(repo_id)")
+        folder = Path(save_directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        # written first: the mixin keeps an existing README.md, and this one describes these weights
+        (folder / "README.md").write_text(model_card(folder, config=self.config.to_dict(), metrics=metrics))
+        return super().save_pretrained(folder, config=self.config.to_dict(), **kwargs)
+
+    def push_to_hub(self, repo_id: str, *, private: bool = False, token: str | None = None,
+                    revision: str | None = None, commit_message: str = "Upload headway drafter",
+                    metrics: dict | None = None) -> str:
+        """Upload the drafter (config, safetensors weights, model card) to the Hub repo
+        ``namespace/name``; returns the commit URL. See :func:`headway.heads.hub.push`."""
+        import tempfile
+
+        from headway.heads.hub import push
+
+        with tempfile.TemporaryDirectory(prefix="headway-push-") as tmp:
+            self.save_pretrained(tmp, metrics=metrics)
+            if metrics:  # where a training run keeps them, so the pushed card and files carry them
+                (Path(tmp) / "eval_metrics.json").write_text(json.dumps(metrics, indent=2))
+            return push(tmp, repo_id, private=private, token=token, revision=revision, commit_message=commit_message)
 
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
-        return ModelCard(model_card_text(self.config, getattr(self, "_card_metrics", None)))
+        from headway.heads.card import model_card_text
+
+        return ModelCard(model_card_text(self.config.to_dict()))
 
     @classmethod
-    def from_pretrained(cls, folder_or_hub_id, *, map_location: str | torch.device = "cpu", **hub_kwargs):
-        """Load from a local folder or a Hub repo id; strict, safetensors only."""
-        folder = resolve_folder(folder_or_hub_id, **hub_kwargs)
+    def from_pretrained(cls, folder_or_hub_id, *, revision: str | None = None,
+                        map_location: str | torch.device = "cpu", **hub_kwargs):
+        """Load from a local folder or a Hub repo id (``revision``: a branch, tag or commit to pin);
+        strict, safetensors only. ``hub_kwargs`` go to ``huggingface_hub.snapshot_download``."""
+        folder = resolve_folder(folder_or_hub_id, revision=revision, **hub_kwargs)
         data = read_config_file(folder)
         if cls is Drafter:
             cls = drafter_class(data["drafter_type"])
         config = cls.config_class.from_dict(data, source=str(folder / CONFIG_NAME))
         model = cls(config)
-        load_state_strict(model, read_weights(folder / WEIGHTS_NAME), str(folder / WEIGHTS_NAME))
+        state = read_weights(folder / WEIGHTS_NAME)
+        floats = {t.dtype for t in state.values() if t.is_floating_point()}
+        if len(floats) == 1:  # keep the checkpoint's precision (a bf16 export loads as bf16)
+            model.to(floats.pop())
+        load_state_strict(model, state, str(folder / WEIGHTS_NAME))
         model.validate()
         return model.to(map_location).eval()
 
@@ -222,23 +272,3 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
 def load_drafter(folder_or_hub_id, **kwargs) -> Drafter:
     """Load any headway drafter; the class is picked from ``drafter_type`` in config.json."""
     return Drafter.from_pretrained(folder_or_hub_id, **kwargs)
-
-
-def model_card_text(config: DrafterConfig, metrics: dict | None) -> str:
-    lines = [
-        "---",
-        "library_name: headway",
-        "tags:\n- speculative-decoding\n- " + config.drafter_type_name,
-    ]
-    if config.base_model_name_or_path and not Path(config.base_model_name_or_path).is_absolute():
-        lines.append(f"base_model: {config.base_model_name_or_path}")
-    lines += ["---", "", f"# {config.drafter_type_name} drafter for {config.base_model_name_or_path or 'its target'}", "",
-              "Speculative-decoding drafter trained with [headway](https://pypi.org/project/headway/). "
-              "Generation with it is lossless: the output is exactly the target model's.", "",
-              "```python",
-              "from headway.heads import load_drafter",
-              "drafter = load_drafter(\"<this folder or repo id>\")",
-              "```", "", "## Config", "", "```json", json.dumps(config.to_dict(), indent=2), "```"]
-    if metrics:
-        lines += ["", "## Held-out metrics", "", "```json", json.dumps(metrics, indent=2), "```"]
-    return "\n".join(lines) + "\n"

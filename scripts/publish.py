@@ -1,10 +1,11 @@
-"""Publish an exported drafter folder to the Hugging Face Hub.
+"""Publish an exported drafter folder to the Hugging Face Hub (same as ``headway push``).
 
-    python scripts/publish.py OUTPUT_DIR --repo-id me/my-heads [--private]
+    python scripts/publish.py OUTPUT_DIR --repo-id me/my-heads [--private] [--revision BRANCH]
 
-The folder is loaded first (so a corrupt or foreign export is refused before anything is
-uploaded); then its config.json, model.safetensors, model card README.md and metrics go up.
-Checkpoints, logs and caches stay local.
+A thin wrapper over :func:`headway.heads.hub.push`: the folder is loaded first (a corrupt or
+foreign export is refused before anything is uploaded); then config.json, model.safetensors, a
+model card README.md built from the folder and the metrics go up in one commit. Checkpoints, logs
+and caches stay local. Credentials: ``hf auth login`` or HF_TOKEN.
 """
 
 from __future__ import annotations
@@ -12,29 +13,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from huggingface_hub import HfApi
-
-from headway.heads import load_drafter
-
-UPLOADED = ["config.json", "model.safetensors", "README.md", "eval_metrics.json", "metrics.jsonl", "run_config.json"]
-
-
-def publish(folder: str, repo_id: str, private: bool = False, token: str | None = None) -> str:
-    load_drafter(folder)  # validates config and weights
-    api = HfApi(token=token)
-    repo_id = api.create_repo(repo_id=repo_id, private=private, exist_ok=True).repo_id
-    return api.upload_folder(repo_id=repo_id, folder_path=folder, allow_patterns=UPLOADED,
-                             commit_message="Upload headway drafter")
+from headway.heads.hub import push
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("folder", help="a drafter folder exported by headway training")
-    p.add_argument("--repo-id", required=True)
-    p.add_argument("--private", action="store_true")
+    p.add_argument("folder", help="a drafter folder exported by headway training or save_pretrained")
+    p.add_argument("--repo-id", required=True, help="namespace/name of the Hub repo (created if absent)")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--revision", default=None, help="branch to push to (default main; created if absent)")
     args = p.parse_args(argv)
     try:
-        url = publish(args.folder, args.repo_id, args.private)
+        url = push(args.folder, args.repo_id, private=args.private, revision=args.revision)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
