@@ -21,8 +21,16 @@ class PromptLookup(Drafter):
         num_pred_tokens: tokens copied per match (the draft depth).
         max_matches: distinct continuations merged into a tree (1: a chain, as transformers does).
         max_nodes: cap on draft nodes (the verification width is max_nodes + 1).
-    Matches are taken most recent first. A ``tree`` given to the generator caps the depth and,
-    through its number of leaves, the number of matches.
+
+    Ranking: the longest n-gram that occurs wins; among its occurrences, each continuation is
+    scored by the accepted length it would reach if the next text behaved like the n-gram's past
+    occurrences: sum over k of the share of occurrences (those with k tokens left before the end
+    of the context) whose first k tokens agree with it (``expected_accepted``). So a continuation
+    cut short by the end of the context loses to a full one that agrees with it, and one that
+    several occurrences share beats a one-off; equal scores go to the most recent occurrence.
+    transformers instead takes the earliest occurrence, headway before took the most recent.
+    A ``tree`` given to the generator caps the depth and, through its number of leaves, the
+    number of matches.
     """
 
     def __init__(self, max_ngram_size: int = 3, min_ngram_size: int = 1, num_pred_tokens: int = 10,
@@ -42,7 +50,7 @@ class PromptLookup(Drafter):
         depth = min(depth, ctx.max_depth)
         if depth < 1:
             return root_only(ctx)
-        conts = find_continuations(ctx.tokens, self.max_ngram_size, self.min_ngram_size, depth, matches)
+        conts = find_continuations(ctx.tokens.cpu(), self.max_ngram_size, self.min_ngram_size, depth, matches)
         if not conts:
             return root_only(ctx)
         parents, node_tokens = build_trie(conts, self.max_nodes)
@@ -52,20 +60,67 @@ class PromptLookup(Drafter):
 
 def find_continuations(tokens: torch.Tensor, max_n: int, min_n: int, depth: int, max_matches: int) -> list[list[int]]:
     """Up to ``max_matches`` distinct continuations (each <= depth tokens) of earlier occurrences
-    of the context's suffix n-gram, longest n first, most recent occurrence first.  tokens: [L]."""
+    of the context's suffix n-gram: longest n first, then best ranked (see ``PromptLookup``).  tokens: [L]."""
     length = tokens.shape[0]
     found: list[list[int]] = []
     for n in range(min(max_n, length - 1), min_n - 1, -1):
-        pattern = tokens[length - n:]  # [n]
         windows = tokens[:-1].unfold(0, n, 1)  # [L - n, n]: every earlier window, the suffix itself excluded
-        starts = (windows == pattern).all(dim=1).nonzero().flatten().tolist()
-        for s in reversed(starts):
-            cont = tokens[s + n: s + n + depth].tolist()
-            if cont and cont not in found:
+        starts = (windows == tokens[length - n:]).all(dim=1).nonzero().flatten()  # [M]
+        if starts.numel() == 0:
+            continue
+        conts, lengths = continuations_at(tokens, starts + n, depth)
+        for i in rank_continuations(conts, lengths)[:max_matches].tolist():
+            cont = conts[i, :lengths[i]].tolist()
+            if cont not in found:
                 found.append(cont)
                 if len(found) >= max_matches:
                     return found
     return found
+
+
+def continuations_at(tokens: torch.Tensor, begins: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The up to ``depth`` tokens from each of ``begins`` [M]: (conts [M, depth], -1 past the end of
+    the context; lengths [M])."""
+    idx = begins[:, None] + torch.arange(depth)  # [M, depth]
+    inside = idx < tokens.shape[0]
+    return torch.where(inside, tokens[idx.clamp(max=tokens.shape[0] - 1)], -1), inside.sum(dim=1)
+
+
+def rank_continuations(conts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Indices of the distinct continuations, best first: by ``expected_accepted`` (descending),
+    ties to the later occurrence; of identical continuations only the best ranked one is kept.
+    conts [M, D] (-1 past lengths [M], rows in context order) -> [G] long."""
+    if conts.shape[0] == 1:
+        return torch.zeros(1, dtype=torch.long)
+    score, same = expected_accepted(conts, lengths)  # [M], [M] group of identical rows
+    recent_first = torch.arange(conts.shape[0] - 1, -1, -1)
+    order = recent_first[torch.argsort(score[recent_first], descending=True, stable=True)]  # [M]
+    first = torch.zeros(conts.shape[0], dtype=torch.bool)
+    rank_in_group = torch.full((conts.shape[0],), conts.shape[0]).scatter_reduce(
+        0, same[order], torch.arange(conts.shape[0]), "amin")  # group -> best rank position
+    first[rank_in_group[same[order]] == torch.arange(conts.shape[0])] = True
+    return order[first]
+
+
+def expected_accepted(conts: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per occurrence, the accepted length its continuation would reach if the text went on like a
+    random one of these occurrences: sum over k < length of support_k / valid_k, support_k the
+    occurrences whose first k+1 tokens equal its own, valid_k those with k+1 tokens before the end.
+    conts [M, D] (-1 past lengths [M]) -> (score [M] float, group [M] long: equal ids = identical rows)."""
+    m, d = conts.shape
+    order = torch.arange(m)
+    for col in range(d - 1, -1, -1):  # lexicographic sort (stable, last column first): equal prefixes become runs
+        order = order[torch.argsort(conts[order, col], stable=True)]
+    rows = conts[order]  # [M, D]
+    starts = torch.ones(m, d, dtype=torch.long)  # starts[r, k]: sorted row r opens a new run of (k+1)-prefixes
+    starts[1:] = (rows[1:] != rows[:-1]).long().cummax(dim=1).values
+    run = starts.cumsum(dim=0) - 1 + torch.arange(d) * m  # [M, D] run id, distinct per column
+    support = torch.bincount(run.flatten(), minlength=m * d)[run]  # [M, D] size of each row's run
+    valid = lengths[order, None] > torch.arange(d)  # [M, D]
+    share = support * valid / valid.sum(dim=0).clamp(min=1)  # pads (-1) never share a run with a token
+    score, group = torch.empty(m), torch.empty(m, dtype=torch.long)
+    score[order], group[order] = share.sum(dim=1).float(), starts[:, -1].cumsum(dim=0) - 1
+    return score, group
 
 
 def build_trie(continuations: list[list[int]], max_nodes: int) -> tuple[list[int], list[int]]:

@@ -1,0 +1,375 @@
+"""The ``headway`` command (also ``python -m headway``): one thin subcommand per library entry point.
+
+Each subcommand parses its arguments and calls one library function, imported only when that
+subcommand runs (so ``headway --help`` is fast and a missing optional piece breaks only itself).
+Bad input ends with one line ``error: ...`` on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+EXIT_USAGE = 2
+METHODS = ("medusa", "eagle")  # headway.train.<method>.main(argv)
+TRAIN_EPILOG = """\
+--config takes a YAML file or the name of a shipped config: {shipped}.
+
+examples:
+  headway train {method} --config {example} train.max_steps=20 train.output_dir=outputs/run
+  headway train {method} --config my.yaml --model Qwen/Qwen2.5-0.5B-Instruct --data chat.jsonl train.lr=3e-4
+
+This command trains in one process. For several GPUs or machines run the same command under
+accelerate (the shipped accelerate configs are in {accelerate}):
+  accelerate launch --config_file {accelerate}/multi-gpu.yaml -m headway train {method} --config ...
+"""
+GENERATE_EPILOG = """\
+examples:
+  headway generate --model smollm2-135m --drafter outputs/medusa --prompt "Tell me about cats."
+  headway generate --model ./my-llama --prompt-lookup --chat-file chat.json --max-new-tokens 256
+  headway generate --model ./my-llama --draft-model ./my-small-llama --tree chain-4 --prompt "Hi"
+
+The text streams to stdout; tau (new tokens per target pass), the token count and tokens/s go to
+stderr. With --temperature 0 (the default) the text is exactly the target's own greedy output.
+"""
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help text wrapped without breaking names at hyphens (``vllm-medusa`` stays whole)."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line: ``error: ...`` and exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"error: {message} (see '{self.prog} --help')\n")
+
+
+def fail(message: str) -> int:
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def need(module: str, what: str):
+    """Import a headway module for a subcommand; a missing one is a one-line ValueError."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            raise ValueError(f"{what} needs {module}, which this installation of headway lacks; "
+                             "upgrade headway") from None
+        raise  # a missing third-party package: main() names it
+
+
+# --- train -------------------------------------------------------------------------------------
+
+
+def run_train(args) -> int:
+    module = need(f"headway.train.{args.method}", f"headway train {args.method}")
+    from headway.configs import resolve_config
+
+    argv = ["--config", str(resolve_config(args.config, args.method))] if args.config else []
+    argv += ["--model", args.model] * bool(args.model) + ["--data", args.data] * bool(args.data)
+    module.main([*argv, *args.overrides])  # its own errors already end with `error: ...` and exit 2
+    return 0
+
+
+def add_train(sub) -> None:
+    from headway.configs import CONFIG_DIR, shipped_configs
+
+    train = sub.add_parser("train", help="train a drafter (Medusa heads or an EAGLE head) on a frozen target",
+                           description="Train a drafter on a frozen target and export it to train.output_dir.",
+                           epilog="Several GPUs or machines: accelerate launch [accelerate options] -m headway train "
+                                  "medusa|eagle --config ... (see 'headway train medusa --help').")
+    methods = train.add_subparsers(dest="method", metavar="{medusa,eagle}", required=True)
+    helps = {"medusa": "Medusa-1 heads", "eagle": "an EAGLE-1 or EAGLE-3 drafter (eagle.version)"}
+    examples = {"medusa": "medusa/tiny", "eagle": "eagle/eagle3-tiny"}
+    for method in METHODS:
+        p = methods.add_parser(method, help=f"train {helps[method]}", description=f"Train {helps[method]}.",
+                               formatter_class=Formatter,
+                               epilog=TRAIN_EPILOG.format(method=method, example=examples[method],
+                                                          shipped=", ".join(shipped_configs(method)),
+                                                          accelerate=CONFIG_DIR / "accelerate"))
+        p.add_argument("--config", metavar="YAML_OR_NAME", help="run config: a YAML file or a shipped config name")
+        p.add_argument("--model", help="target: Hub id, local folder or smollm2-135m (same as model=...)")
+        p.add_argument("--data", help="data: default, packaged, a local json/jsonl/parquet file or a Hub dataset "
+                                      "(same as data.source=...)")
+        p.add_argument("overrides", nargs="*", metavar="key=value",
+                       help="config overrides, e.g. train.lr=3e-4 train.output_dir=outputs/run")
+        p.set_defaults(run=run_train)
+
+
+# --- generate ----------------------------------------------------------------------------------
+
+
+def read_messages(args) -> list[dict]:
+    """--prompt TEXT, or --chat-file: a JSON list of {role, content} messages (or {"messages": [...]}),
+    any other file being one user message."""
+    if args.prompt is not None:
+        return [{"role": "user", "content": args.prompt}]
+    path = Path(args.chat_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"chat file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return [{"role": "user", "content": text}]
+    if not isinstance(data, (list, dict)):
+        return [{"role": "user", "content": text}]
+    from headway.train.data import normalize_record
+
+    messages = normalize_record(data if isinstance(data, dict) else {"messages": data})
+    if not messages:
+        raise ValueError(f"chat file {path} holds no messages")
+    return messages
+
+
+def prompt_ids(tokenizer, messages: list[dict], chat_template: bool):
+    """[1, T] ids: the chat template with a generation prompt when the tokenizer has one."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    return tokenizer("\n".join(m["content"] for m in messages), return_tensors="pt").input_ids
+
+
+def parse_tree(spec: str | None):
+    """A tree name or YAML path as is; JSON/YAML text (``[[0],[0,0]]``, ``{depth: 5, ...}``) parsed."""
+    if spec is None or not spec.lstrip().startswith(("[", "{")):
+        return spec
+    import yaml
+
+    try:
+        return yaml.safe_load(spec)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--tree {spec!r} is not valid JSON/YAML ({str(exc).splitlines()[0]})") from None
+
+
+def build_drafter(args, target_tokenizer, device):
+    """The drafter the flags ask for, or None for plain decoding."""
+    if args.drafter:
+        from headway.heads import load_drafter
+
+        return load_drafter(args.drafter, map_location=device)
+    if args.prompt_lookup:
+        from headway.inference import PromptLookup
+
+        return PromptLookup()
+    if args.draft_model:
+        from headway.heads.target import load_target
+        from headway.inference import DraftModelDrafter
+
+        model, tokenizer = load_target(args.draft_model, device=device)
+        return DraftModelDrafter(model, tokenizer=tokenizer, target_tokenizer=target_tokenizer)
+    return None
+
+
+def run_generate(args) -> int:
+    import torch
+    from transformers import TextStreamer
+
+    from headway.heads.target import load_target
+
+    if args.tree and not (args.drafter or args.prompt_lookup or args.draft_model):
+        raise ValueError("--tree needs a drafter: add --drafter, --prompt-lookup or --draft-model")
+    messages = read_messages(args)  # bad input fails before any model loads
+    target, tokenizer = load_target(*[args.model] * bool(args.model), device=args.device)
+    device = next(target.parameters()).device
+    drafter = build_drafter(args, tokenizer, device)
+    ids = prompt_ids(tokenizer, messages, not args.no_chat_template).to(device)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    eos = target.generation_config.eos_token_id
+    eos = tokenizer.eos_token_id if eos is None else eos
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    if drafter is None:  # plain decoding: the target's own generate
+        if args.seed is not None:
+            torch.manual_seed(args.seed)
+        kwargs = dict(do_sample=True, **sampling) if args.temperature > 0 else dict(do_sample=False)
+        start = time.perf_counter()
+        seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                              eos_token_id=eos, streamer=streamer, **kwargs)
+        new, passes, seconds = seq.shape[1] - ids.shape[1], seq.shape[1] - ids.shape[1], time.perf_counter() - start
+    else:
+        from headway.inference import SpeculativeGenerator
+
+        generator = torch.Generator(device).manual_seed(args.seed) if args.seed is not None else None
+        gen = SpeculativeGenerator(target, drafter, tree=parse_tree(args.tree))
+        out = gen.generate(ids, max_new_tokens=args.max_new_tokens, generator=generator, eos_token_id=eos,
+                           streamer=streamer, **sampling)
+        new, passes, seconds = out.stats.new_tokens, out.stats.target_forward_passes, out.stats.time_total
+    tau = new / passes if passes else 0.0
+    print(f"tau {tau:.2f} ({new} new tokens in {passes} target passes), {new / max(seconds, 1e-9):.1f} tokens/s "
+          f"({seconds:.2f} s)", file=sys.stderr)
+    return 0
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate text with a drafter (lossless speculative decoding)",
+                       description="Generate text from a target model, speculatively with a drafter.",
+                       formatter_class=Formatter, epilog=GENERATE_EPILOG)
+    p.add_argument("--model", help="target: Hub id, local folder or smollm2-135m (default: smollm2-135m)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--drafter", metavar="FOLDER_OR_HUB_ID", help="a headway drafter (Medusa or EAGLE)")
+    how.add_argument("--prompt-lookup", action="store_true", help="draft by copying n-grams from the context")
+    how.add_argument("--draft-model", metavar="MODEL", help="a small causal LM sharing the target's tokenizer")
+    p.add_argument("--tree", help="a shipped tree name (chain-4, tree-15, ...), a tree YAML file, a list of "
+                                  "top-k paths like '[[0],[0,0],[1]]', or EAGLE-2 settings like "
+                                  "'{depth: 5, top_k: 8, total_tokens: 60}' (default: the drafter's own)")
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("--prompt", help="one user message")
+    text.add_argument("--chat-file", metavar="FILE",
+                      help="a JSON list of {role, content} messages, or a text file (one user message)")
+    p.add_argument("--no-chat-template", action="store_true", help="feed the text as is, without the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="(default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: %(default)s)")
+    p.add_argument("--seed", type=int, help="seed for sampling")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.set_defaults(run=run_generate)
+
+
+# --- bench / convert / push / info -------------------------------------------------------------
+
+
+def run_bench(args) -> int:
+    bench = need("headway.inference.benchmark", "headway bench")
+    sys.argv[0] = "headway bench"  # the name the benchmark's own parser shows in its help and errors
+    bench.main(args.args)
+    return 0
+
+
+class FormatChoices:
+    """``choices`` for --to/--from that import the converter only when asked (validation, help).
+    Without a converter every name passes here and ``run_convert`` reports the missing module."""
+
+    def formats(self) -> tuple[str, ...] | None:
+        try:
+            return tuple(need("headway.heads.convert", "headway convert").FORMATS)
+        except ValueError:
+            return None
+
+    def __contains__(self, name) -> bool:
+        formats = self.formats()
+        return formats is None or name in formats
+
+    def __iter__(self):
+        return iter(self.formats() or ("(none: this installation has no converter)",))
+
+
+def run_convert(args) -> int:
+    convert = need("headway.heads.convert", "headway convert")
+    options = {k: getattr(args, k) for k in ("vocab_size", "num_target_layers", "speculative_tokens")
+               if getattr(args, k) is not None}
+    out = convert.convert(args.src, args.dst, to=args.to, fmt_from=args.fmt_from, overwrite=args.overwrite,
+                          target=args.target, widen_vocab=args.widen_vocab, **options)
+    print(f"wrote {out} ({args.to})")
+    return 0
+
+
+def run_push(args) -> int:
+    hub = need("headway.heads.hub", "headway push")
+    url = hub.push(args.folder, args.repo_id, private=args.private, revision=args.revision)
+    print(f"pushed {args.folder} to {url}")
+    return 0
+
+
+def run_info(args) -> int:
+    info = need("headway.heads.info", "headway info")
+    found = info.describe_checkpoint(args.path)
+    sys.stdout.write(json.dumps(found, indent=2) + "\n" if args.json else info.render_text(found))
+    return 0
+
+
+def add_others(sub) -> None:
+    p = sub.add_parser("bench", add_help=False, help="benchmark tau, tokens/s and speedup of the drafters",
+                       description="Run headway's benchmark (all options pass through; see headway bench --help).")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's options")
+    p.set_defaults(run=run_bench)
+
+    formats = FormatChoices()
+    p = sub.add_parser("convert", help="convert a drafter between headway and other formats",
+                       description="Convert a drafter checkpoint between headway's format and those serving engines "
+                                   "and the original projects use.")
+    p.add_argument("--to", required=True, choices=formats, metavar="FORMAT", help="output format: %(choices)s")
+    p.add_argument("--from", dest="fmt_from", choices=formats, metavar="FORMAT",
+                   help="input format (default: detected from the folder)")
+    p.add_argument("src", help="the drafter folder to convert")
+    p.add_argument("dst", help="the output folder")
+    p.add_argument("--target", metavar="MODEL",
+                   help="the target model (name or folder): copies or checks its lm_head for Medusa heads that share "
+                        "it, and fills in the vocabulary size or depth a format lacks")
+    p.add_argument("--vocab-size", type=int, help="the target's vocabulary size, for formats that do not record it")
+    p.add_argument("--num-target-layers", type=int, help="the target's depth, for EAGLE formats that do not record it")
+    p.add_argument("--speculative-tokens", type=int, help="draft tokens per step written into a speculators config")
+    p.add_argument("--widen-vocab", action="store_true",
+                   help="EAGLE-1 with a reduced draft vocabulary to a full-vocabulary format: widen its rows")
+    p.add_argument("--overwrite", action="store_true", help="replace dst if it exists")
+    p.set_defaults(run=run_convert)
+
+    p = sub.add_parser("push", help="upload a drafter folder to the Hugging Face Hub",
+                       description="Upload a drafter folder (config, weights, model card, metrics) to the Hub. "
+                                   "Credentials come from HF_TOKEN or `hf auth login`.")
+    p.add_argument("folder", help="a drafter folder exported by headway")
+    p.add_argument("--repo-id", required=True, metavar="NAMESPACE/NAME", help="the Hub repository, e.g. me/my-heads")
+    p.add_argument("--private", action="store_true", help="create the repository as private")
+    p.add_argument("--revision", help="branch to push to (default: main)")
+    p.set_defaults(run=run_push)
+
+    p = sub.add_parser("info", help="describe a drafter checkpoint: kind, target, sizes, training metrics",
+                       description="Describe a drafter checkpoint (a folder or a Hub id) without loading its weights.")
+    p.add_argument("path", help="a drafter folder or Hub repo id")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(run=run_info)
+
+
+def build_parser() -> Parser:
+    from headway import __version__
+
+    parser = Parser(prog="headway", description="Train speculative-decoding drafters (Medusa, EAGLE) and run them "
+                                                "losslessly: the output is exactly the target model's.",
+                    epilog="Run 'headway COMMAND --help' for a command's options.")
+    parser.add_argument("--version", action="version", version=f"headway {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_train(sub)
+    add_generate(sub)
+    add_others(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``headway`` console script; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if argv[:1] == ["bench"]:  # the benchmark parses its own options (a REMAINDER cannot start with one)
+        args = argparse.Namespace(command="bench", run=run_bench, args=argv[1:])
+    else:
+        args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError) as exc:
+        return fail(str(exc))
+    except OSError as exc:  # Hub and network errors (missing credentials, no connection, ...)
+        return fail(f"{type(exc).__name__}: {exc}")
+    except ModuleNotFoundError as exc:  # an optional package this subcommand needs
+        return fail(f"headway {args.command} needs the package {exc.name!r}, which is not installed: "
+                    f"pip install {(exc.name or '').split('.')[0]}")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Side-by-side speed of speculative decoding on the default target (SmolLM2-135M-Instruct).
+
+    headway bench | python scripts/benchmark.py | python -m headway.inference.benchmark
+        [--heads outputs/demo/quick/heads] [--eagle outputs/demo/quick/eagle3 ...]
+        [--methods hf-lookup,lookup,medusa,eagle,draft-model] [--prompts 6] [--copy-prompts 4]
+        [--max-new-tokens 64] [--threads 1] [--out outputs/benchmark]
+
+Baselines and candidates run in one process, interleaved per prompt: plain greedy ``generate``,
+transformers' own prompt lookup (``prompt_lookup_num_tokens``), and headway with every available
+drafter and tree (prompt lookup chain/tree, trained Medusa heads if ``--heads`` exists, trained
+EAGLE-1/EAGLE-3 drafters given with ``--eagle`` over static trees and EAGLE-2 dynamic trees of the
+same widths, and an early-exit draft model made of the target's first layers); ``--methods`` picks
+families. Two prompt groups (``headway.inference.bench_prompts``): held-out chat prompts from the
+packaged text (never used for training) and copy-heavy prompts (edit or rename in a stdlib
+function, correct the spelling in an email, repeat a paragraph), where prompt lookup shines.
+Relative paths (``--heads``, ``--out``) are read from the current directory.
+
+Prints per group: tau (new tokens per verification pass), tokens/s and speedup vs plain (whole
+calls, prefill included), the decode-only speedup (each prompt's prefill forward, timed on its
+own, subtracted from plain; the runtime's own prefill time subtracted from it) next to the bound
+tau * t(1) / (t(k) + t_draft) from the same run (t(1): plain decode time per token; t(k),
+t_draft: the runtime's verify and draft time per pass), the bookkeeping share of round time, and
+whether every output is identical to plain greedy. Writes results.json and acceptance.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from headway.heads import load_drafter
+from headway.heads.target import DEFAULT_MODEL, load_target
+from headway.inference.bench_prompts import chat_prompts, copy_prompts
+from headway.inference.draft_model import DraftModelDrafter
+from headway.inference.generator import SpeculativeGenerator
+from headway.inference.prompt_lookup import PromptLookup
+
+FAMILIES = ("hf-lookup", "lookup", "medusa", "eagle", "draft-model")  # plain greedy always runs: the reference
+
+
+def early_exit_model(target, layers: int):
+    """A draft model sharing the target's tokenizer: its first ``layers`` decoder layers, final norm
+    and lm_head (weights shared, not copied; untrained as an early exit)."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    with torch.device("meta"):
+        draft = AutoModelForCausalLM.from_config(config)
+    base, dbase = target.get_decoder(), draft.get_decoder()
+    dbase.embed_tokens, dbase.norm, dbase.rotary_emb = base.embed_tokens, base.norm, base.rotary_emb
+    dbase.layers = torch.nn.ModuleList(base.layers[:layers])
+    draft.lm_head = target.lm_head
+    return draft.eval()
+
+
+MEDUSA_TREES = ("chain-1", "chain-2", "chain-3", "tree-7", "tree-15")
+# EAGLE: chains, static trees, and EAGLE-2 dynamic trees of the same widths as tree-7 / tree-15
+EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5", "tree-7": "tree-7",
+               "tree-15": "tree-15", "dynamic-7": {"depth": 5, "top_k": 3, "total_tokens": 7},
+               "dynamic-15": {"depth": 6, "top_k": 4, "total_tokens": 15},
+               "dynamic": None}  # the drafter's default: EAGLE-2 settings sized for the device
+
+
+def eagle_methods(target, folder: str, trees) -> dict:
+    head = load_drafter(folder)
+    label = f"eagle{head.config.version}"
+    return {f"{label} {name}": ("headway", SpeculativeGenerator(target, head, tree=EAGLE_TREES[name])) for name in trees}
+
+
+def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eagle_trees=tuple(EAGLE_TREES),
+            medusa_trees=MEDUSA_TREES, families=FAMILIES) -> dict:
+    """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator), for the chosen families."""
+    out = {"plain": ("hf", {})}
+    if "hf-lookup" in families:
+        out["hf prompt lookup (10)"] = ("hf", {"prompt_lookup_num_tokens": 10})
+    if "lookup" in families:
+        out["prompt lookup chain-10"] = ("headway", SpeculativeGenerator(target, PromptLookup(num_pred_tokens=10)))
+        out["prompt lookup tree (4 matches)"] = ("headway", SpeculativeGenerator(
+            target, PromptLookup(num_pred_tokens=10, max_matches=4, max_nodes=24)))
+    if "medusa" in families and heads_dir and Path(heads_dir, "config.json").is_file():
+        heads = load_drafter(heads_dir)
+        for tree in medusa_trees:
+            out[f"medusa {tree}"] = ("headway", SpeculativeGenerator(target, heads, tree=tree))
+    elif "medusa" in families:
+        print(f"(no Medusa heads at {heads_dir}: run `make demo` first to include them)")
+    for folder in eagle_dirs if "eagle" in families else ():
+        if Path(folder, "config.json").is_file():
+            out.update(eagle_methods(target, folder, eagle_trees))
+        else:
+            print(f"(no EAGLE drafter at {folder}: run `make demo` first to include it)")
+    if draft_layers and "draft-model" in families:
+        out[f"draft model: first {draft_layers} layers, chain-3"] = (
+            "headway", SpeculativeGenerator(target, DraftModelDrafter(early_exit_model(target, draft_layers), gamma=3)))
+    return out
+
+
+@torch.no_grad()
+def prefill_seconds(target, ids) -> float:
+    """One forward over the prompt: what plain generate spends before its first new token."""
+    start = time.perf_counter()
+    target(ids, use_cache=True, logits_to_keep=1)  # as generate's prefill: last position's logits only
+    return time.perf_counter() - start
+
+
+def run_one(kind, method, target, ids, max_new_tokens: int, eos: int):
+    start = time.perf_counter()
+    if kind == "hf":
+        seq = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                              eos_token_id=eos, pad_token_id=eos, **method)
+        return seq[0, ids.shape[1]:].tolist(), time.perf_counter() - start, None
+    out = method.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos)
+    return out.sequences[0, ids.shape[1]:].tolist(), time.perf_counter() - start, out.stats
+
+
+def summarize(rows: list[dict], plain: list[dict], prefill: float) -> dict:
+    tokens = sum(r["new_tokens"] for r in rows)
+    secs = sum(r["seconds"] for r in rows)
+    plain_secs, plain_tokens = sum(r["seconds"] for r in plain), sum(r["new_tokens"] for r in plain)
+    t1 = (plain_secs - prefill) / plain_tokens  # plain decode time per token
+    s = {"new_tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
+         "speedup": (plain_secs / plain_tokens) / (secs / tokens), "identical": all(r["identical"] for r in rows)}
+    stats = [r["stats"] for r in rows if r["stats"]]
+    if stats:
+        passes = sum(st["target_forward_passes"] for st in stats)
+        t_verify = sum(st["time_verify"] for st in stats) / passes
+        t_draft = sum(st["time_draft"] for st in stats) / passes
+        rounds = sum(st["time_draft"] + st["time_verify"] + st["time_bookkeeping"] for st in stats)
+        tau = sum(st["new_tokens"] for st in stats) / passes
+        decode = secs - sum(st["time_prefill"] for st in stats)
+        s.update(tau=tau, decode_speedup=t1 / (decode / tokens), bound=tau * t1 / (t_verify + t_draft),
+                 t_verify_rel=t_verify / t1, t_draft_rel=t_draft / t1,
+                 bookkeeping_share=sum(st["time_bookkeeping"] for st in stats) / rounds,
+                 mean_width=sum(sum(st["verify_width_per_step"]) for st in stats) / passes,
+                 # one draft step = one drafter forward per tree level (a pass drafts depth levels)
+                 t_draft_step_rel=t_draft / t1 / max(1.0, sum(sum(st["draft_depth_per_step"]) for st in stats) / passes),
+                 depth_acceptance=depth_acceptance(stats))
+    return s
+
+
+def depth_acceptance(stats: list[dict]) -> list[float]:
+    accepted = [a - 1 for st in stats for a in st["accepted_per_step"]]
+    depths = [d for st in stats for d in st["draft_depth_per_step"]]
+    rates = []
+    for d in range(1, max(depths, default=0) + 1):
+        reached = [a for a, t in zip(accepted, depths) if t >= d]
+        rates.append(sum(a >= d for a in reached) / len(reached))
+    return rates
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(results)
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4), squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        for name, s in results[group].items():
+            if s.get("depth_acceptance"):
+                ax.plot(range(1, len(s["depth_acceptance"]) + 1), s["depth_acceptance"], marker="o", label=name)
+        ax.set(title=f"{group}: acceptance per depth", xlabel="draft depth d",
+               ylabel="P(accepted >= d | tree reached d)", ylim=(0, 1))
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``headway bench`` embeds it); defaults are relative to the current directory."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--heads", default=str(Path("outputs", "demo", "quick", "heads")), help="trained Medusa heads")
+    p.add_argument("--eagle", action="append", default=[], help="a trained EAGLE drafter folder (repeatable)")
+    p.add_argument("--eagle-trees", default=",".join(EAGLE_TREES), help=f"EAGLE trees, of {list(EAGLE_TREES)}")
+    p.add_argument("--medusa-trees", default=",".join(MEDUSA_TREES), help="Medusa trees")
+    p.add_argument("--methods", default=",".join(FAMILIES),
+                   help=f"method families to run next to plain greedy, of {list(FAMILIES)}")
+    p.add_argument("--prompts", type=int, default=6, help="held-out chat prompts")
+    p.add_argument("--copy-prompts", type=int, default=4, help="copy-heavy prompts (edit, rename, spelling, repeat in turn)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--draft-layers", type=int, default=6, help="early-exit draft model depth (0: skip)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest and steadiest on small CPUs)")
+    p.add_argument("--out", default=str(Path("outputs", "benchmark")))
+    return p
+
+
+def main(argv=None) -> dict:
+    """Run the benchmark with command-line arguments ``argv`` (None: sys.argv); returns the per-group summaries."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    families = [f for f in args.methods.split(",") if f]
+    if set(families) - set(FAMILIES):
+        p.error(f"unknown --methods {sorted(set(families) - set(FAMILIES))}; choose from {list(FAMILIES)}")
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target(args.model)
+    eos = tokenizer.eos_token_id
+    eagle_trees = [t for t in args.eagle_trees.split(",") if t]
+    unknown = sorted(set(eagle_trees) - set(EAGLE_TREES))
+    if unknown:
+        p.error(f"unknown --eagle-trees {unknown}; choose from {list(EAGLE_TREES)}")
+    table = methods(target, args.heads, args.draft_layers, args.eagle, eagle_trees,
+                    [t for t in args.medusa_trees.split(",") if t], families)
+    groups = {g: prompts for g, prompts in (("chat", chat_prompts(args.prompts)), ("copy", copy_prompts(args.copy_prompts)))
+              if prompts}
+    raw: dict = {g: {name: [] for name in table} for g in groups}
+    prefill = {g: 0.0 for g in groups}
+    for group, prompts in groups.items():
+        for i, prompt in enumerate(prompts):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                return_tensors="pt", return_dict=True)["input_ids"]
+            prefill[group] += prefill_seconds(target, ids)
+            reference = None
+            for name, (kind, method) in table.items():  # interleaved: every method on this prompt in turn
+                tokens, secs, stats = run_one(kind, method, target, ids, args.max_new_tokens, eos)
+                reference = tokens if name == "plain" else reference
+                raw[group][name].append({"new_tokens": len(tokens), "seconds": secs, "identical": tokens == reference,
+                                         "stats": stats.as_dict() if stats else None})
+            print(f"{group} prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    results = {g: {name: summarize(rows, raw[g]["plain"], prefill[g]) for name, rows in per.items()}
+               for g, per in raw.items()}
+    for group, per in results.items():
+        print(f"\n{group} ({len(groups[group])} prompts, {args.max_new_tokens} new tokens max, "
+              f"{args.threads} thread(s))")
+        print(f"{'method':<36} {'tau':>5} {'tok/s':>6} {'speedup':>8} {'decode':>7} {'bound':>6} {'t(k)':>5} "
+              f"{'draft':>6} {'/step':>6} {'bookk.':>6} {'same':>5}")
+        for name, s in per.items():
+            tau = f"{s['tau']:.2f}" if "tau" in s else "-"
+            extra = (f"{s['decode_speedup']:>6.2f}x {s['bound']:>5.2f}x {s['t_verify_rel']:>5.2f} {s['t_draft_rel']:>6.2f} "
+                     f"{s['t_draft_step_rel']:>6.3f} {100 * s['bookkeeping_share']:>5.1f}%") if "tau" in s else \
+                f"{'-':>7} {'-':>6} {'-':>5} {'-':>6} {'-':>6} {'-':>6}"
+            print(f"{name:<36} {tau:>5} {s['tokens_per_s']:>6.1f} {s['speedup']:>7.2f}x {extra} "
+                  f"{'yes' if s['identical'] else 'NO':>5}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results, "raw": raw}, indent=1))
+    plot(results, out / "acceptance.png")
+    print(f"\nspeedup: whole calls; decode: prefill excluded on both sides; bound: tau*t(1)/(t(k)+t_draft); t(k), "
+          f"draft: per verification pass, relative to plain decode time per token t(1); /step: draft time per drafted level.\nWrote {out}/results.json "
+          f"and {out}/acceptance.png")
+    return results
+
+
+if __name__ == "__main__":
+    main()

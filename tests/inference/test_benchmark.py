@@ -1,0 +1,32 @@
+"""The benchmark as a package module: its command line, and copy-heavy prompts of every kind."""
+
+import pytest
+
+from headway.inference import bench_prompts, benchmark
+
+
+def test_parser_defaults_are_relative_to_the_current_directory():
+    args = benchmark.build_parser().parse_args([])
+    assert args.heads == "outputs/demo/quick/heads" and args.out == "outputs/benchmark"
+    assert args.methods.split(",") == list(benchmark.FAMILIES)
+
+
+def test_unknown_method_family_is_rejected_before_loading(capsys):
+    with pytest.raises(SystemExit):
+        benchmark.main(["--methods", "lookup,medusa2"])
+    assert "unknown --methods ['medusa2']" in capsys.readouterr().err
+
+
+def test_copy_prompts_mix_the_kinds_in_turn(monkeypatch):
+    monkeypatch.setattr(bench_prompts, "passages", lambda: [f"passage number {i} about something" for i in range(10)])
+    prompts = bench_prompts.copy_prompts(6)
+    heads = ["Add type hints", "Rename the variable", "Correct the spelling", "Repeat the following", "Add type hints",
+             "Rename the variable"]
+    assert [p[:len(h)] for p, h in zip(prompts, heads)] == heads
+    assert prompts[0] != prompts[4] and prompts[1] != prompts[5]  # different functions of the same kind
+    assert "```python\ndef " in prompts[0] and "Hi Sam,\n\npassage number" in prompts[2]
+
+
+def test_misspell_swaps_letters_of_every_nth_long_word():
+    text = "seven longer words appear inside this sentence today"
+    assert bench_prompts.misspell(text, every=3, seed=0) == "seven longer wodrs appear inside this sentnece today"

@@ -1,0 +1,65 @@
+"""Prompt lookup ranks matches by the continuation they offer, and stays exact under greedy decoding."""
+
+import torch
+
+from headway.inference import DraftContext, PromptLookup, SpeculativeGenerator
+from headway.inference.prompt_lookup import expected_accepted, find_continuations, rank_continuations
+from spec_utils import reference_generate, tiny_vocab_model
+
+# "5 6" occurs at 0 (then 1 2 3 4 9) and at 7, whose continuation 1 2 5 6 is cut short by the end
+CUT_SHORT = [5, 6, 1, 2, 3, 4, 9, 5, 6, 1, 2, 5, 6]
+# "7" occurs at 0 and 4 (both then 1 2 3) and at 8 (then 4 4 4, the most recent)
+AGREEING = [7, 1, 2, 3, 7, 1, 2, 3, 7, 4, 4, 4, 8, 7]
+
+
+def test_cut_short_recent_match_loses_to_the_full_earlier_one():
+    conts = torch.tensor([[1, 2, 3, 4, 9], [1, 2, 5, 6, -1]])
+    score, group = expected_accepted(conts, torch.tensor([5, 4]))
+    # k=1,2: both agree (2/2); k=3,4: each alone (1/2); k=5: only the full one has a token (1/1)
+    assert score.tolist() == [4.0, 3.0] and group.tolist() == [0, 1]
+    assert find_continuations(torch.tensor(CUT_SHORT), 2, 1, 5, 1) == [[1, 2, 3, 4, 9]]
+    assert find_continuations(torch.tensor(CUT_SHORT), 2, 1, 5, 3) == [[1, 2, 3, 4, 9], [1, 2, 5, 6]]
+
+
+def test_agreeing_occurrences_rank_first():
+    assert find_continuations(torch.tensor(AGREEING), 3, 1, 3, 1) == [[1, 2, 3]]
+    assert find_continuations(torch.tensor(AGREEING), 3, 1, 3, 4) == [[1, 2, 3], [4, 4, 4]]  # duplicates merged
+    score, group = expected_accepted(torch.tensor([[1, 2, 3], [1, 2, 3], [4, 4, 4]]), torch.tensor([3, 3, 3]))
+    assert torch.allclose(score, torch.tensor([2.0, 2.0, 1.0])) and group[0] == group[1] != group[2]
+    draft = PromptLookup(max_matches=2, num_pred_tokens=3).propose(
+        DraftContext(torch.tensor(AGREEING), None, None, 10, None, None))
+    assert draft.tokens.tolist() == [7, 1, 2, 3, 4, 4, 4] and list(draft.tree.parents) == [-1, 0, 1, 2, 0, 4, 5]
+
+
+def test_ties_go_to_the_most_recent_and_are_stable():
+    conts = torch.tensor([[3, 9, 1], [4, 5, 7], [3, 9, 1], [8, 8, 8]])
+    lengths = torch.tensor([3, 3, 3, 3])
+    # [3 9 1] twice (score 3 x 2/4) ranks first, kept once (its later copy, row 2); rows 1 and 3 tie
+    # (3 x 1/4): the later one (row 3) first
+    assert rank_continuations(conts, lengths).tolist() == [2, 3, 1]
+    assert rank_continuations(conts, lengths).tolist() == [2, 3, 1]  # deterministic
+    toks = torch.tensor([1, 2, 3, 9, 1, 2, 4, 5, 7, 1, 2])  # "1 2": two full, distinct continuations
+    assert find_continuations(toks, 3, 1, 3, 4) == [[4, 5, 7], [3, 9, 1]]
+
+
+def test_longest_ngram_still_wins():
+    # "8 5 6" occurs once (then 0 0) while "5 6" alone has an agreeing pair (then 1 1)
+    toks = torch.tensor([5, 6, 1, 1, 5, 6, 1, 1, 8, 5, 6, 0, 0, 3, 8, 5, 6])
+    assert find_continuations(toks, 3, 1, 2, 1) == [[0, 0]]
+    assert find_continuations(toks, 2, 1, 2, 1) == [[1, 1]]
+
+
+def test_greedy_equals_generate_on_copy_prompts():
+    model = tiny_vocab_model(seed=3)
+    g = torch.Generator().manual_seed(0)
+    for drafter in (PromptLookup(), PromptLookup(max_matches=4, max_nodes=16)):
+        gen = SpeculativeGenerator(model, drafter)
+        new = passes = 0
+        for i in range(3):
+            segment = torch.randint(2, 8, (int(torch.randint(4, 12, (), generator=g)),), generator=g)
+            prompt = torch.cat([segment, segment[: 3 + i % 3]])[None]  # a passage and the start of its copy
+            ref = reference_generate(model, prompt, 24, eos_token_id=None)
+            out = gen.generate(prompt, max_new_tokens=24)
+            assert torch.equal(out.sequences, ref), f"{drafter.max_matches} matches, prompt {i}"
+            new, passes = new + out.stats.new_tokens, passes + out.stats.target_forward_passes
+        assert new / passes > 2.5, f"tau {new / passes:.2f}"

@@ -1,0 +1,213 @@
+"""The `headway` command as a user types it: the console script and `python -m headway` from the
+installed wheel (a fresh venv, as tests/test_packaging.py builds it), on tiny models."""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "hello how are you today ? i like the weather and i like the food"
+NEW_TOKENS = 24
+COMMANDS = ("train", "generate", "bench", "convert", "push", "info")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh venv with the headway wheel installed; dependencies come from this environment."""
+    base = tmp_path_factory.mktemp("cli-venv")
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+                          "-w", str(base / "dist"), "-q"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    (wheel,) = (base / "dist").glob("headway-*.whl")
+    env_dir = base / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    res = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True).stdout.strip()
+    (Path(site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    assert (env_dir / "bin" / "headway").is_file(), "the wheel installed no headway console script"
+    return env_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory) -> Path:
+    """A tiny Llama folder with its tokenizer (chat template included), as a user's model folder."""
+    from headway.heads.tiny import build_tiny_target
+
+    folder = tmp_path_factory.mktemp("cli-target") / "tiny-llama"
+    model, tokenizer = build_tiny_target("llama", seed=0)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def headway(venv_dir: Path, *args, module: bool = False, env: dict | None = None, timeout: int = 300):
+    """Run `headway ARGS` (or `python -m headway ARGS`) outside the source tree, as a user would."""
+    cmd = [str(venv_dir / "bin" / "python"), "-m", "headway"] if module else [str(venv_dir / "bin" / "headway")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([*cmd, *map(str, args)], cwd=venv_dir.parent, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_one_line_error(res, *fragments):
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def greedy_text(folder: Path, max_new_tokens: int = NEW_TOKENS) -> str:
+    """The target's own greedy continuation of the chat-templated PROMPT, decoded."""
+    from headway.heads.target import load_target
+
+    model, tok = load_target(str(folder), device="cpu")
+    text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False, add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def stats_line(stderr: str) -> str:
+    return next(line for line in stderr.splitlines() if line.startswith("tau "))
+
+
+def test_help_reads_well_and_is_fast(installed):
+    for module in (False, True):
+        res = headway(installed, "--help", module=module)
+        assert res.returncode == 0 and res.stdout.startswith("usage: headway "), res.stderr
+        assert all(f"    {name} " in res.stdout for name in COMMANDS), res.stdout
+    assert headway(installed, "--version").stdout.strip() == "headway 0.1.0"
+    for sub in (["train"], ["train", "medusa"], ["train", "eagle"], ["generate"], ["bench"], ["convert"], ["push"],
+                ["info"]):
+        res = headway(installed, *sub, "--help")
+        assert res.returncode == 0 and res.stdout.startswith(f"usage: headway {' '.join(sub)}"), (sub, res.stderr)
+    medusa = headway(installed, "train", "medusa", "--help").stdout
+    assert "accelerate launch" in medusa and "-m headway train medusa" in medusa and "medusa/tiny" in medusa
+    assert "--heads HEADS" in headway(installed, "bench", "--help").stdout  # the benchmark's own options
+    assert "vllm-medusa" in headway(installed, "convert", "--help").stdout  # formats from the converter
+    # `headway --help` imports no torch (lazy subcommands)
+    check = ("import sys; from headway.cli import main\n"
+             "try: main(['--help'])\nexcept SystemExit: pass\nassert 'torch' not in sys.modules, 'torch was imported'")
+    res = subprocess.run([str(installed / "bin" / "python"), "-c", check], cwd=installed.parent, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_info_describes_a_drafter_folder(installed, tmp_path, capsys):
+    from headway.cli import main
+    from headway.heads import MedusaConfig, MedusaHeads
+
+    heads = MedusaHeads(MedusaConfig(hidden_size=64, vocab_size=200, num_heads=2, num_layers=1,
+                                     base_model_name_or_path="org/tiny-target"))
+    heads.save_pretrained(tmp_path / "heads")
+    res = headway(installed, "info", tmp_path / "heads", "--json")
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert (info["format"], info["drafter_type"], info["target"]) == ("headway", "medusa", "org/tiny-target")
+    assert (info["num_heads"], info["num_layers"], info["hidden_size"], info["vocab_size"]) == (2, 1, 64, 200)
+    assert info["weights"]["parameters"] == sum(p.numel() for p in heads.parameters())
+    assert info["weights"]["bytes"] == (tmp_path / "heads" / "model.safetensors").stat().st_size
+    assert info["training"] is None
+    assert main(["info", str(tmp_path / "heads")]) == 0
+    text = capsys.readouterr().out
+    assert "Medusa-1 heads: 2 heads x 1 ResBlock" in text and "org/tiny-target" in text
+    assert f"{info['weights']['parameters']:,} parameters" in text
+
+
+def test_bad_input_ends_with_one_line(installed, tiny_target, tmp_path, capsys):
+    from headway.cli import main
+    from headway.heads import MedusaConfig, MedusaHeads
+
+    # from the wheel: argparse's own errors, and a push without credentials
+    assert_one_line_error(headway(installed, "frobnicate"), "invalid choice: 'frobnicate'")
+    assert_one_line_error(headway(installed, "convert", "--to", "onnx", "a", "b"), "invalid choice: 'onnx'")
+    MedusaHeads(MedusaConfig(hidden_size=64, vocab_size=200, num_heads=1)).save_pretrained(tmp_path / "heads")
+    empty_home = tmp_path / "hf_home"
+    empty_home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    res = subprocess.run([str(installed / "bin" / "headway"), "push", str(tmp_path / "heads"), "--repo-id", "me/heads"],
+                         cwd=tmp_path, env={**env, "HF_HOME": str(empty_home)}, capture_output=True, text=True,
+                         timeout=300)
+    assert_one_line_error(res, "credentials")
+    # library errors through the same entry point, in this process
+    for argv, fragments in ((["info", str(tiny_target)], ["not a drafter checkpoint"]),
+                            (["info", str(tmp_path / "missing")], ["missing"]),
+                            (["train", "medusa", "--config", "medusa/nope"], ["'medusa/nope'", "medusa/tiny"]),
+                            (["push", str(tmp_path / "heads"), "--repo-id", "just-a-name"], ["not 'namespace/name'"])):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and all(f in err[0] for f in fragments), (argv, err)
+
+
+def test_generate_with_prompt_lookup_from_the_wheel(installed, tiny_target):
+    res = headway(installed, "generate", "--model", tiny_target, "--prompt-lookup", "--prompt", PROMPT,
+                  "--max-new-tokens", NEW_TOKENS, "--device", "cpu", module=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout == greedy_text(tiny_target) + "\n"  # streamed, and exactly the target's greedy text
+    stats = stats_line(res.stderr)
+    assert f"({NEW_TOKENS} new tokens in" in stats and "tokens/s" in stats and float(stats.split()[1]) >= 1.0, stats
+
+
+@pytest.mark.slow
+def test_train_generate_convert_info_from_the_wheel(installed, tiny_target, tmp_path):
+    out = tmp_path / "heads"
+    res = headway(installed, "train", "medusa", "--config", "medusa/tiny", "--model", tiny_target,
+                  "train.max_steps=2", f"train.output_dir={out}", "train.trackers=[]")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (out / "model.safetensors").is_file() and f"exported to {out}" in res.stdout
+
+    info = json.loads(headway(installed, "info", out, "--json").stdout)
+    assert info["training"]["steps"] == 2 and info["target"] == str(tiny_target)
+    assert info["training"]["eval"] == json.loads((out / "eval_metrics.json").read_text())
+
+    # generation with the trained heads prints exactly the target's greedy text
+    res = headway(installed, "generate", "--model", tiny_target, "--drafter", out, "--tree", "tree-7",
+                  "--prompt", PROMPT, "--max-new-tokens", NEW_TOKENS, "--device", "cpu")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout == greedy_text(tiny_target) + "\n"
+    assert f"({NEW_TOKENS} new tokens in" in stats_line(res.stderr)
+
+    # convert to vLLM's Medusa layout and back: the weights survive bit for bit
+    res = headway(installed, "convert", "--to", "vllm-medusa", out, tmp_path / "vllm")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(headway(installed, "info", tmp_path / "vllm", "--json").stdout)["format"] == "vllm-medusa"
+    res = headway(installed, "convert", "--to", "headway", tmp_path / "vllm", tmp_path / "back")
+    assert res.returncode == 0, res.stderr[-3000:]
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
+    """Plain decoding and a chat file (JSON messages) through the same entry point, in this process."""
+    from headway.cli import main
+
+    expected = greedy_text(tiny_target)
+    chat = tmp_path / "chat.json"
+    chat.write_text(json.dumps([{"role": "user", "content": PROMPT}]))
+    capsys.readouterr()
+    assert main(["generate", "--model", str(tiny_target), "--chat-file", str(chat), "--max-new-tokens", str(NEW_TOKENS),
+                 "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == expected + "\n"
+    assert stats_line(captured.err).startswith(f"tau 1.00 ({NEW_TOKENS} new tokens")
+    # the target as its own draft model: every draft is accepted (a chain of 4 plus the bonus token)
+    assert main(["generate", "--model", str(tiny_target), "--draft-model", str(tiny_target), "--prompt", PROMPT,
+                 "--max-new-tokens", "20", "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == greedy_text(tiny_target, 20) + "\n"
+    assert stats_line(captured.err).startswith("tau 5.00 (20 new tokens in 4 target passes)"), captured.err
+    chat.write_text('[{"role": "wizard", "content": "hi"}]')
+    capsys.readouterr()
+    assert main(["generate", "--model", str(tiny_target), "--chat-file", str(chat)]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown role 'wizard'")
