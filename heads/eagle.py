@@ -13,8 +13,8 @@
 The token embedding is the target's, frozen and bound at run time (``bind_target``), not stored
 unless ``store_embeddings``. The step function ``forward(input_ids, hidden, position_ids, ...)``
 returns the layer output h' (the predicted feature, fed back as the next step's ``hidden``);
-``logits(h')`` scores it. With ``ttt=[]`` the attention also sees, at every position, the keys
-that earlier unrolled steps wrote there (EAGLE-3's training-time test).
+``logits(h')`` scores it. With ``ttt=TTTKeys()`` the attention also sees, at every position, the
+keys that earlier unrolled steps wrote there (EAGLE-3's training-time test).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class EagleAttention(nn.Module):
         self.v_proj = nn.Linear(in_width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, mask=None, cache: DraftCache | None = None, ttt: list | None = None):
+    def forward(self, x, cos, sin, mask=None, cache: DraftCache | None = None, ttt: TTTKeys | None = None):
         # x: [B, T, in_width]; cos/sin: [B, T, D]; mask: additive [B or 1, 1, T, S] or None (causal)
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -171,6 +171,25 @@ class EagleAttention(nn.Module):
                                                  attn_mask=None if mask is None else mask.to(q.dtype),
                                                  is_causal=mask is None and t > 1)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class TTTKeys:
+    """The keys and values each unrolled training-time-test step wrote: [(k_j, v_j)] for steps 0..i-1.
+
+    Deliberately not a list: module hooks that re-wrap tensor arguments (DeepSpeed ZeRO-3's) rebuild
+    list and tuple arguments, so a plain list passed down would lose the steps appended inside."""
+
+    def __init__(self):
+        self.steps: list = []
+
+    def append(self, kv) -> None:
+        self.steps.append(kv)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, i):
+        return self.steps[i]
 
 
 def _ttt_attention(q, k, v, steps: list, groups: int) -> torch.Tensor:
@@ -386,7 +405,7 @@ class EagleHead(DraftVocabulary, Drafter):
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, cache: DraftCache | None = None,
-                ttt: list | None = None) -> torch.Tensor:
+                ttt: TTTKeys | None = None) -> torch.Tensor:
         """One drafting step: tokens x[t+1] [B, T] with ``hidden`` [B, T, H] (``input_hidden`` of the
         target feature f[t], or a previous step's output) at ``position_ids`` [B, T] -> h' [B, T, H].
 

@@ -86,10 +86,13 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 
 
 def load_target(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = None,
-                device: torch.device | str | None = None):
+                device: torch.device | str | None = None, adapter: str | Path | None = None, merge: bool = True):
     """Load a causal LM and its tokenizer; returns ``(model, tokenizer)`` in eval mode.
 
-    Raises ``ValueError`` when the folder or Hub id is not a causal language model.
+    ``adapter``: a peft LoRA adapter folder (e.g. a Medusa-2 run's ``adapter/``) applied on top;
+    with ``merge`` (default) it is merged into the weights and a plain transformers model is
+    returned (fastest), else the ``PeftModel``. Raises ``ValueError`` when the folder or Hub id is
+    not a causal language model, or ``adapter`` is not a peft adapter folder.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -112,7 +115,20 @@ def load_target(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = N
         )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if adapter is not None:
+        model = apply_adapter(model, adapter, merge)
     return model, tokenizer
+
+
+def apply_adapter(model, adapter: str | Path, merge: bool = True):
+    """``model`` with the peft adapter in folder ``adapter`` (merged into it when ``merge``), in eval mode."""
+    if not (Path(adapter) / "adapter_config.json").is_file():
+        raise ValueError(f"{adapter} holds no adapter_config.json; pass the adapter/ folder of a Medusa-2 run "
+                         "(or any peft adapter folder)")
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(model, str(adapter))
+    return (model.merge_and_unload() if merge else model).eval()
 
 
 def freeze(model: torch.nn.Module) -> torch.nn.Module:

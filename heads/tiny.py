@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -88,8 +89,12 @@ def tiny_model_dir(name: str, cache_dir: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if out.exists():
+    if out.exists() or not (tmp / "config.json").is_file():
+        # transformers writes model files on global rank 0 only: other ranks wait for its folder
         shutil.rmtree(tmp)
+        deadline = time.monotonic() + 120
+        while not (out / "config.json").is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
     else:
         os.replace(tmp, out)
     return out

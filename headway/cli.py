@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 EXIT_USAGE = 2
-METHODS = ("medusa", "eagle")  # headway.train.<method>.main(argv)
+METHODS = ("medusa", "medusa2", "eagle")  # headway.train.<method>.main(argv)
 TRAIN_EPILOG = """\
 --config takes a YAML file or the name of a shipped config: {shipped}.
 
@@ -91,12 +91,13 @@ def add_train(sub) -> None:
     from headway.configs import CONFIG_DIR, shipped_configs
 
     train = sub.add_parser("train", help="train a drafter (Medusa heads or an EAGLE head) on a frozen target",
-                           description="Train a drafter on a frozen target and export it to train.output_dir.",
+                           description="Train a drafter on a target model and export it to train.output_dir.",
                            epilog="Several GPUs or machines: accelerate launch [accelerate options] -m headway train "
-                                  "medusa|eagle --config ... (see 'headway train medusa --help').")
-    methods = train.add_subparsers(dest="method", metavar="{medusa,eagle}", required=True)
-    helps = {"medusa": "Medusa-1 heads", "eagle": "an EAGLE-1 or EAGLE-3 drafter (eagle.version)"}
-    examples = {"medusa": "medusa/tiny", "eagle": "eagle/eagle3-tiny"}
+                                  "medusa|medusa2|eagle --config ... (see 'headway train medusa --help').")
+    methods = train.add_subparsers(dest="method", metavar="{medusa,medusa2,eagle}", required=True)
+    helps = {"medusa": "Medusa-1 heads", "medusa2": "Medusa-2 heads jointly with a LoRA adapter on the target",
+             "eagle": "an EAGLE-1 or EAGLE-3 drafter (eagle.version)"}
+    examples = {"medusa": "medusa/tiny", "medusa2": "medusa2/tiny", "eagle": "eagle/eagle3-tiny"}
     for method in METHODS:
         p = methods.add_parser(method, help=f"train {helps[method]}", description=f"Train {helps[method]}.",
                                formatter_class=Formatter,

@@ -211,3 +211,28 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
     capsys.readouterr()
     assert main(["generate", "--model", str(tiny_target), "--chat-file", str(chat)]) == 2
     assert capsys.readouterr().err.startswith("error: unknown role 'wizard'")
+
+
+def test_readme_commands_parse_as_typed():
+    """Every `headway ...` line in README.md is a valid command line for the installed parser."""
+    import shlex
+
+    from headway.cli import build_parser
+    from headway.inference.benchmark import build_parser as bench_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines, fenced = [], False
+    for ln in readme.splitlines():
+        if ln.startswith("```"):
+            fenced = not fenced
+        elif fenced and ln.startswith("headway "):
+            lines.append(ln.split("  #")[0].strip())
+    assert len(lines) >= 8, lines
+    for line in lines:
+        argv = shlex.split(line)[1:]
+        if "FORMAT" in argv or "FOLDER" in argv:  # a usage pattern, not a command
+            continue
+        if argv[0] == "bench":
+            bench_parser().parse_args(argv[1:])
+        else:
+            build_parser().parse_args(argv)

@@ -67,8 +67,11 @@ def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, tor
 
 def save_checkpoint(root: Path, step: int, *, model_state: dict[str, torch.Tensor] | None,
                     optimizer: torch.optim.Optimizer | None, loop_state: dict, rank: int, is_main: bool,
-                    keep: int, barrier=lambda: None) -> Path:
-    """Write checkpoint ``step`` atomically. Every rank calls it (each writes its own RNG state)."""
+                    keep: int, barrier=lambda: None, write_state=None) -> Path:
+    """Write checkpoint ``step`` atomically. Every rank calls it (each writes its own RNG state).
+
+    ``write_state(tmp_folder)``, when given, is called on every rank instead of writing
+    ``model_state`` / ``optimizer`` (a sharded engine's own collective save)."""
     final = root / f"step-{step:07d}"
     tmp = root / f".tmp-step-{step:07d}"
     if is_main:
@@ -76,7 +79,9 @@ def save_checkpoint(root: Path, step: int, *, model_state: dict[str, torch.Tenso
         tmp.mkdir(parents=True)
     barrier()
     save_file({"cpu": torch.get_rng_state()}, str(tmp / f"rng-{rank}.safetensors"))
-    if is_main:
+    if write_state is not None:
+        write_state(tmp)
+    elif is_main:
         save_file(model_state, str(tmp / "model.safetensors"))
         opt_tensors, opt_meta = optimizer_to_flat(optimizer)
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
@@ -90,6 +95,14 @@ def save_checkpoint(root: Path, step: int, *, model_state: dict[str, torch.Tenso
             shutil.rmtree(old, ignore_errors=True)
     barrier()
     return final
+
+
+def load_state_json(path: Path) -> dict:
+    """The loop state (step, scheduler, world size) of a checkpoint folder."""
+    try:
+        return json.loads((path / "state.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"checkpoint {path} is damaged ({exc}); delete that folder to resume from the one before") from None
 
 
 def load_checkpoint(path: Path, rank: int) -> dict:

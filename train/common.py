@@ -7,6 +7,7 @@ is theirs (their drafter, its features and its loss).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Callable
 
 from accelerate.utils import set_seed
 
+from headway.configs import resolve_config
 from headway.heads.features import num_layers
 from headway.heads.target import freeze, load_target
 from headway.train.config import ConfigError, load_config
@@ -39,7 +41,8 @@ def setup_run(model: str, features: str, data: DataConfig, train: TrainConfig,
     """Accelerator, frozen target and data. ``layers(target)``: the target layers a feature cache
     must hold for this method (checked against the cache's fingerprint)."""
     acc = make_accelerator(train)
-    target, tokenizer = load_target(model, device=acc.device)
+    with whole_weights(acc):
+        target, tokenizer = load_target(model, device=acc.device)
     freeze(target)
     set_seed(train.seed)  # the drafter built next initialises from train.seed
     if features == "online":
@@ -52,6 +55,24 @@ def setup_run(model: str, features: str, data: DataConfig, train: TrainConfig,
     train_data = load_cached_features(Path(features) / "train", expect_meta=meta, expect_fingerprint=fingerprint)
     eval_data = load_cached_features(Path(features) / "heldout", expect_meta=meta, expect_fingerprint=fingerprint)
     return RunSetup(acc, target, tokenizer, train_data, eval_data, cached=True)
+
+
+@contextlib.contextmanager
+def whole_weights(acc):
+    """Load models with whole weights on every rank even under DeepSpeed ZeRO-3 (the drafter
+    initialises from the target's); ZeRO-3 partitions the frozen target when the loop prepares the
+    training module. transformers partitions at load whenever a DeepSpeed config is registered."""
+    plugin = getattr(acc.state, "deepspeed_plugin", None)
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()
 
 
 def draft_vocabulary(setup: RunSetup, size: int | None) -> list[int] | None:
@@ -81,14 +102,15 @@ def report_accuracy(setup: RunSetup, metrics: dict, prefix: str, count: int, wha
 def parse_run_args(config_class, description: str, example: str, argv: list[str] | None = None):
     """``--config YAML [--model M] [--data D] [key=value ...]`` -> the run config dataclass."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", help=f"YAML run config (e.g. {example})")
+    parser.add_argument("--config", help=f"YAML run config, or a shipped config's name (e.g. {example})")
     parser.add_argument("--model", help="target: Hub id, local folder or smollm2-135m (same as model=...)")
     parser.add_argument("--data", help="data: default, packaged, a local json/jsonl/parquet file or a Hub dataset "
                                        "(same as data.source=...)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=3e-4")
     args = parser.parse_args(argv)
     shortcuts = [f"model={args.model}"] * bool(args.model) + [f"data.source={args.data}"] * bool(args.data)
-    return load_config(config_class, args.config, [*shortcuts, *args.overrides])
+    config = resolve_config(args.config, Path(example).parent.name) if args.config else None
+    return load_config(config_class, config, [*shortcuts, *args.overrides])
 
 
 def run_main(train: Callable, parse: Callable, argv: list[str] | None = None):

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
 from tqdm.auto import tqdm
 
 from headway.train import checkpoint as ckpt
@@ -30,7 +30,9 @@ from headway.train.losses import summarize
 RUN_CONFIG_NAME = "run_config.json"
 METRICS_NAME = "metrics.jsonl"
 # Fields that may differ when a run is resumed (they do not change what is trained).
-_RESUMABLE_DIFFS = {"overwrite", "resume", "log_every", "eval_every", "save_every", "keep_checkpoints", "trackers"}
+# The world size is checked against each checkpoint instead (a DDP run may resume with another).
+_RESUMABLE_DIFFS = {"overwrite", "resume", "log_every", "eval_every", "save_every", "keep_checkpoints", "trackers",
+                    "num_processes"}
 
 
 @dataclasses.dataclass
@@ -86,16 +88,26 @@ class Method(Protocol):
 
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
-    """An Accelerator that really synchronises: gloo DDP on CPU, NCCL on GPUs."""
+    """An Accelerator that really synchronises: gloo DDP or DeepSpeed ZeRO on CPU, NCCL on GPUs.
+
+    Gradient accumulation goes through accelerate (``accumulate``), so DeepSpeed's engine steps
+    once per optimizer step. FSDP needs GPUs: on CPU accelerate would silently train without it,
+    so it is refused.
+    """
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     mp = cfg.mixed_precision
     if mp == "auto":
         mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     on_cpu = not torch.cuda.is_available()
-    acc = Accelerator(cpu=on_cpu, mixed_precision=mp, log_with=cfg.trackers or None,
-                      project_dir=cfg.output_dir)
+    deepspeed = _env_flag("ACCELERATE_USE_DEEPSPEED")
+    if _env_flag("ACCELERATE_USE_FSDP") and on_cpu:
+        raise ValueError("accelerate's FSDP needs GPUs (on CPU it would not shard); on CPU launch with DeepSpeed "
+                         "ZeRO-3 (--config_file configs/accelerate/cpu-zero3-2.yaml) or DDP instead")
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if on_cpu and world > 1 else []
+    acc = Accelerator(cpu=on_cpu and not deepspeed, mixed_precision=mp, log_with=cfg.trackers or None,
+                      project_dir=cfg.output_dir, gradient_accumulation_steps=cfg.grad_accum, kwargs_handlers=handlers)
     if world != acc.num_processes:
         # e.g. `accelerate launch --cpu --num_processes 2`: processes that would train independently
         raise RuntimeError(
@@ -103,7 +115,34 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
             "synchronise. On CPU launch with `accelerate launch --multi_gpu --num_processes N` (headway "
             "builds a CPU accelerator itself) or with torchrun."
         )
+    if acc.distributed_type == DistributedType.DEEPSPEED:
+        # the loop has no DataLoader for accelerate to read these from: set them from the run config
+        ds = acc.state.deepspeed_plugin.deepspeed_config
+        ds.update(train_micro_batch_size_per_gpu=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+                  train_batch_size=cfg.batch_size * cfg.grad_accum * acc.num_processes,
+                  gradient_clipping=cfg.max_grad_norm if cfg.max_grad_norm > 0 else 0.0)
+        ds.setdefault("zero_allow_untested_optimizer", True)
     return acc
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+
+
+def zero_stage(acc: Accelerator) -> int:
+    """DeepSpeed's ZeRO stage (0 when not running DeepSpeed)."""
+    if acc.distributed_type != DistributedType.DEEPSPEED:
+        return 0
+    return int(acc.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0))
+
+
+def gathered(acc: Accelerator, model: torch.nn.Module):
+    """A context in which ZeRO-3's partitioned trainable parameters are whole on every rank."""
+    if zero_stage(acc) < 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([p for p in model.parameters() if p.requires_grad], modifier_rank=None)
 
 
 def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -172,11 +211,16 @@ def evaluate(acc: Accelerator, method: Method, model, examples: list[dict], batc
     model.eval()  # the unwrapped module: no DDP collectives, so ranks with fewer examples cannot hang
     mine = examples[acc.process_index::acc.num_processes]
     totals: dict[str, torch.Tensor] = {}
-    for i in range(0, len(mine), batch_size):
-        batch = {k: v.to(acc.device) for k, v in pad_batch(mine[i:i + batch_size]).items()}
+    # ZeRO-3 gathers parameters collectively in every forward: every rank runs as many batches
+    # (a rank out of examples runs a filler batch and discards its counts)
+    per_rank = -(-len(examples) // acc.num_processes)
+    batches = -(-(per_rank if zero_stage(acc) == 3 else len(mine)) // batch_size)
+    for b in range(batches):
+        chunk = mine[b * batch_size:(b + 1) * batch_size]
+        batch = {k: v.to(acc.device) for k, v in pad_batch(chunk or (mine or examples)[-1:]).items()}
         with acc.autocast():
             _, counts = model(batch)
-        for k, v in counts.items():
+        for k, v in counts.items() if chunk else ():
             totals[k] = totals.get(k, 0) + v.detach().double()
     keys = sorted(_all_keys(acc, totals))
     vec = torch.stack([torch.as_tensor(totals.get(k, 0.0), dtype=torch.float64, device=acc.device)
@@ -223,24 +267,28 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     warmup = max(1, int(cfg.warmup_ratio * total_steps)) if cfg.warmup_ratio > 0 else 0
 
     model = method.model
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
+    groups = method.param_groups(cfg.lr) if hasattr(method, "param_groups") else \
+        [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    params = [p for g in groups for p in g["params"]]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_lambda(s, total_steps, warmup, cfg.min_lr_ratio))
     model, optimizer = acc.prepare(model, optimizer)
     unwrapped = acc.unwrap_model(model)
+    if zero_stage(acc) == 3:
+        # losses may read a drafter's weights directly (e.g. lm_head.weight in a chunked
+        # cross-entropy), outside the submodule whose hook ZeRO-3 gathers them in: gather the
+        # (small) trainable weights for the whole forward of the training module
+        from deepspeed.runtime.zero import register_external_parameter
+
+        for p in params:
+            register_external_parameter(unwrapped, p)
+    sharded = acc.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
 
     step = 0
     last = ckpt.checkpoint_dirs(out / "checkpoints")
     if cfg.resume and last:
-        state = ckpt.load_checkpoint(last[-1], acc.process_index)
-        unwrapped.load_state_dict({**unwrapped.state_dict(), **state["model"]})
-        ckpt.optimizer_from_flat(optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer,
-                                 state["optimizer"], state["optimizer_meta"])
-        scheduler.load_state_dict(state["state"]["scheduler"])
-        step = state["state"]["step"]
-        if state["rng"] is not None:
-            torch.set_rng_state(state["rng"])
+        step = _resume(acc, last[-1], unwrapped, optimizer, scheduler, sharded)
         acc.print(f"resumed from {last[-1]} at step {step}/{total_steps}")
     _truncate_metrics(out / METRICS_NAME, step, acc.is_main_process)
 
@@ -256,25 +304,30 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
         order = torch.randperm(len(train_data), generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
+        if hasattr(method, "set_step"):
+            method.set_step(step)  # e.g. a loss weight warmed up over optimizer steps
         loss_value = 0.0
         for micro in range(cfg.grad_accum):
             first = ((in_epoch * cfg.grad_accum + micro) * acc.num_processes + acc.process_index) * cfg.batch_size
             batch = pad_batch([train_data[i] for i in order[first:first + cfg.batch_size].tolist()])
             batch = {k: v.to(acc.device) for k, v in batch.items()}
             tokens += int(batch["attention_mask"].sum())
-            sync = micro == cfg.grad_accum - 1
-            with (contextlib.nullcontext() if sync else acc.no_sync(model)):
+            # accelerate syncs (DDP) / steps (DeepSpeed's engine) on the last micro-step only and
+            # scales the loss by 1 / grad_accum itself
+            with acc.accumulate(model):
                 with acc.autocast():
                     loss, counts = model(batch)
-                acc.backward(loss / cfg.grad_accum)
+                acc.backward(loss)
+                if acc.sync_gradients and cfg.max_grad_norm > 0:
+                    acc.clip_grad_norm_(params, cfg.max_grad_norm)  # DeepSpeed clips in its engine
+                optimizer.step()  # a no-op until the accumulation boundary
+                optimizer.zero_grad(set_to_none=True)
             loss_value += float(loss.detach()) / cfg.grad_accum
             for k, v in counts.items():
                 running[k] = running.get(k, 0) + v.detach().double()
-        if cfg.max_grad_norm > 0:
-            acc.clip_grad_norm_(params, cfg.max_grad_norm)
-        optimizer.step()
+        if not acc.sync_gradients:
+            raise RuntimeError("accelerate did not reach a gradient-accumulation boundary after grad_accum micro-steps")
         scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}")
@@ -290,23 +343,64 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
             _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in
                                              evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size).items()}}, cfg)
         if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
-            ckpt.save_checkpoint(out / "checkpoints", step, model_state=_trainable_state(unwrapped),
-                                 optimizer=optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer,
-                                 loop_state={"step": step, "scheduler": scheduler.state_dict()},
-                                 rank=acc.process_index, is_main=acc.is_main_process,
-                                 keep=cfg.keep_checkpoints, barrier=acc.wait_for_everyone)
+            _save(acc, out / "checkpoints", step, unwrapped, optimizer, scheduler, sharded, cfg.keep_checkpoints)
     bar.close()
 
     final = evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size) if eval_data else {}
     _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in final.items()}}, cfg)
-    _write_sync_check(acc, out, unwrapped)
-    if acc.is_main_process:
-        method.export(unwrapped, out, final)
-        (out / "eval_metrics.json").write_text(json.dumps(final, indent=2))
+    final = {**final, "train_sequences": len(train_data), "heldout_sequences": len(eval_data)}
+    with gathered(acc, unwrapped):  # ZeRO-3: whole trainable weights for the check and the export
+        _write_sync_check(acc, out, unwrapped)
+        if acc.is_main_process:
+            method.export(unwrapped, out, final)
+            (out / "eval_metrics.json").write_text(json.dumps(final, indent=2))
     acc.wait_for_everyone()
     if cfg.trackers:
         acc.end_training()
     return final
+
+
+def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, sharded: bool, keep: int) -> None:
+    """An atomic checkpoint. DDP: safetensors (rank 0 holds the whole state). DeepSpeed/FSDP: the
+    optimizer state is sharded, so every rank writes its shard through ``accelerate.save_state``
+    (the engine's own format; needs a filesystem every node shares)."""
+    loop_state = {"step": step, "scheduler": scheduler.state_dict(), "world_size": acc.num_processes,
+                  "distributed_type": str(acc.distributed_type), "sharded": sharded}
+    if not sharded:
+        ckpt.save_checkpoint(root, step, model_state=_trainable_state(model),
+                             optimizer=optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer,
+                             loop_state=loop_state, rank=acc.process_index, is_main=acc.is_main_process,
+                             keep=keep, barrier=acc.wait_for_everyone)
+        return
+    ckpt.save_checkpoint(root, step, model_state=None, optimizer=None, loop_state=loop_state, rank=acc.process_index,
+                         is_main=acc.is_main_process, keep=keep, barrier=acc.wait_for_everyone,
+                         write_state=lambda tmp: acc.save_state(str(tmp / "engine"), safe_serialization=True))
+
+
+def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: bool) -> int:
+    """Restore a checkpoint written by ``_save``; returns its step. A sharded checkpoint needs the
+    same world size and engine; a DDP one holds the whole state and resumes with any world size."""
+    state = ckpt.load_state_json(path)
+    world, kind = state.get("world_size"), state.get("distributed_type")
+    if state.get("sharded", False) != sharded or (sharded and (world, kind) != (acc.num_processes, str(acc.distributed_type))):
+        raise ValueError(f"{path} was written by {world} process(es) under {kind} and this launch has "
+                         f"{acc.num_processes} under {acc.distributed_type}: a sharded optimizer state cannot be "
+                         f"resharded here; relaunch with the same mode and --num_processes {world}, or pass "
+                         "train.overwrite=true to start over")
+    if world is not None and world != acc.num_processes:
+        acc.print(f"note: {path} was written by {world} process(es); resuming with {acc.num_processes} "
+                  "(DDP checkpoints hold the whole state; the data order from here follows the new world size)")
+    if sharded:
+        acc.load_state(str(path / "engine"))
+    else:
+        saved = ckpt.load_checkpoint(path, acc.process_index)
+        model.load_state_dict({**model.state_dict(), **saved["model"]})
+        ckpt.optimizer_from_flat(optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer,
+                                 saved["optimizer"], saved["optimizer_meta"])
+        if saved["rng"] is not None:
+            torch.set_rng_state(saved["rng"])
+    scheduler.load_state_dict(state["scheduler"])
+    return state["step"]
 
 
 def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headway.heads import EagleConfig, EagleHead, load_drafter
-from headway.heads.eagle import DraftCache, default_feature_layers
+from headway.heads.eagle import DraftCache, TTTKeys, default_feature_layers
 from headway.heads.features import FeatureCapture, capture_features
 from headway.heads.tiny import build_tiny_target
 
@@ -121,7 +121,7 @@ def test_training_time_test_equals_tree_drafting(target):
     ids = torch.randint(4, 200, (1, 14))
     feats = capture_features(target, ids, head.config.feature_layers)
     n = ids.shape[1] - 1
-    hidden, pos, ttt, steps = head.input_hidden(feats[:, :-1]), torch.arange(n)[None], [], []
+    hidden, pos, ttt, steps = head.input_hidden(feats[:, :-1]), torch.arange(n)[None], TTTKeys(), []
     for i in range(3):
         tok = torch.cat([ids[:, 1 + i:], ids.new_zeros((1, i))], 1)[:, :n]
         hidden = head(tok, hidden, pos + i, ttt=ttt)

@@ -40,7 +40,7 @@ def test_every_accelerate_config_loads(path):
 
 
 def test_every_yaml_under_configs_is_covered():
-    covered = {"medusa", "eagle", "accelerate", "trees"}
+    covered = {"medusa", "medusa2", "eagle", "accelerate", "trees"}
     for path in CONFIGS.rglob("*.yaml"):
         assert path.relative_to(CONFIGS).parts[0] in covered, f"{path} is not loaded by any test"
 

@@ -1,0 +1,70 @@
+"""Checks that need a CUDA device (run by scripts/gpu_check.sh; skipped elsewhere by the `gpu` marker).
+
+- Greedy speculative output on CUDA in bf16 equals the target's own greedy ``generate`` for Medusa,
+  EAGLE-3 (static and dynamic trees) and prompt lookup.
+- A 2-process accelerate FSDP run of the tiny Medusa config (needs 2 GPUs; skipped with one) and a
+  1-process bf16 training run end with a loadable export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from headway.heads import EagleHead, MedusaConfig, MedusaHeads, load_drafter
+from headway.heads.tiny import build_tiny_target
+from headway.inference import PromptLookup, SpeculativeGenerator
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_bf16_greedy_equals_generate_on_cuda(family):
+    target, _ = build_tiny_target(family, seed=3)
+    target = target.to("cuda", torch.bfloat16)
+    drafters = [(MedusaHeads.from_target(target.float(), MedusaConfig(num_heads=3)), "tree-15"),
+                (EagleHead.from_target(target.float(), version=3), None),
+                (EagleHead.from_target(target.float(), version=3), {"depth": 4, "top_k": 4, "total_tokens": 12}),
+                (PromptLookup(max_matches=3), None)]
+    target = target.to(torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    for drafter, tree in drafters:
+        gen = SpeculativeGenerator(target, drafter, tree=tree)
+        for _ in range(4):
+            prompt = torch.randint(4, target.config.vocab_size, (1, 12), generator=g).cuda()
+            ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=32,
+                                  eos_token_id=None, pad_token_id=0)
+            assert torch.equal(gen.generate(prompt, max_new_tokens=32, eos_token_id=None).sequences, ref)
+
+
+@needs_cuda
+def test_bf16_training_on_cuda_exports(tmp_path):
+    out = tmp_path / "medusa"
+    cmd = [sys.executable, "-m", "headway.train.medusa", "--config", "medusa/tiny", f"train.output_dir={out}",
+           "train.max_steps=20", "train.trackers=[]", "train.mixed_precision=bf16"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert isinstance(load_drafter(out), MedusaHeads)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="accelerate FSDP needs 2 GPUs")
+def test_accelerate_fsdp_two_gpus(tmp_path):
+    out = tmp_path / "fsdp"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "configs" / "accelerate" / "gpu-fsdp.yaml"), "--num_processes", "2",
+           str(ROOT / "train" / "medusa.py"), "--config", str(ROOT / "configs" / "medusa" / "tiny.yaml"),
+           f"train.output_dir={out}", "train.max_steps=12", "train.trackers=[]"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    info = json.loads((out / "distributed.json").read_text())
+    assert info["num_processes"] == 2 and "FSDP" in info["distributed_type"]
+    assert info["fingerprints"][0] == info["fingerprints"][1]
