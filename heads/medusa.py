@@ -139,9 +139,15 @@ class MedusaHeads(DraftVocabulary, Drafter):
         # features: [..., H] -> [..., V']
         if self.lm_heads is not None:
             return self.lm_heads[k](features)
+        return nn.functional.linear(features, self.projection_weight(k).to(features.dtype))
+
+    def projection_weight(self, k: int) -> torch.Tensor:
+        """Head k's vocabulary projection [V', H]: its own lm_head, or the target's bound (shared) one."""
+        if self.lm_heads is not None:
+            return self.lm_heads[k].weight
         if not self._shared:
             raise RuntimeError("these Medusa heads share the target's lm_head: call heads.bind_target(target_model) first")
-        return nn.functional.linear(features, self._shared[0].to(features.dtype))
+        return self._shared[0]
 
     def head_logits(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
         """Logits of head k only: [..., H] -> [..., V'] (training uses this to keep memory flat)."""

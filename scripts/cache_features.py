@@ -10,6 +10,12 @@ Without ``--layers`` the run config decides: a config with an ``eagle:`` section
 feature layers (the EAGLE version's default unless ``eagle.feature_layers`` names them) plus the
 final layer L; any other config caches ``[L]`` (Medusa, EAGLE-1). A cache with more layers serves
 a run that needs fewer. Interrupted runs resume per shard. Then train with ``features=CACHE_DIR``.
+
+    accelerate launch --multi_gpu --num_processes N scripts/cache_features.py --config ... --out CACHE_DIR
+    torchrun --nproc_per_node N scripts/cache_features.py --config ... --out CACHE_DIR
+
+Several processes split the shards (rank r computes shards r, r+N, ...) and rank 0 writes each
+index: the folder, fingerprint included, is bit-identical to what one process writes.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from headway.heads.target import DEFAULT_MODEL, load_target
 from headway.train.config import ConfigError, _coerce, apply_overrides, from_dict, read_yaml
 from headway.train.data import DataConfig, build_datasets
 from headway.train.features import cache_features, feature_fingerprint
+from headway.train.launch import launch_state, main_process_first, my_units, rank_and_world
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -94,19 +101,27 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     try:
         model, data, eagle = read_run_config(args.config, args.overrides)
-        target, tokenizer = load_target(model)
+        state = launch_state()
+        # rank 0 first: it builds the model folder and the tokenized-data cache once, the others reuse them
+        with main_process_first(state):
+            target, tokenizer = load_target(model, device=state.device if state is not None else None)
+            train, heldout = build_datasets(data, tokenizer, model)
         depth = num_layers(target)
         layers = parse_layers(args.layers, depth) if args.layers else default_layers(eagle, depth)
         fingerprint = feature_fingerprint(target, tokenizer, layers)
-        train, heldout = build_datasets(data, tokenizer, model)
         meta = {"model": model, "data": dataclasses.asdict(data)}
         start = time.perf_counter()
         for name, examples in (("train", train), ("heldout", heldout)):
             cache_features(target, examples, f"{args.out}/{name}", layers=layers, meta={**meta, "split": name},
                            batch_size=args.batch_size, shard_size=args.shard_size, dtype=_DTYPES[args.dtype],
-                           with_argmax=not args.no_argmax, fingerprint=fingerprint)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
+                           with_argmax=not args.no_argmax, fingerprint=fingerprint, state=state)
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         sys.exit(f"error: {exc}")
+    rank, world = rank_and_world(state)
+    mine = [list(my_units(-(-len(split) // args.shard_size), state)) for split in (train, heldout)]
+    print(f"rank {rank} of {world}: wrote train shards {mine[0]} and heldout shards {mine[1]} (or kept them)")
+    if rank != 0:
+        return
     tokens = sum(len(e["input_ids"]) for e in train + heldout)
     per_token = len(layers) * fingerprint["hidden_size"] * torch.empty((), dtype=_DTYPES[args.dtype]).element_size()
     print(f"cached {len(train)} + {len(heldout)} sequences ({tokens} tokens), layers {layers}, {args.dtype}, "

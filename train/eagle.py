@@ -22,6 +22,7 @@ from headway.heads.features import capture_features, num_layers
 from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
+from headway.train.chunked import DEFAULT_CHUNK_SIZE
 from headway.train.eagle_losses import eagle1_loss, eagle3_loss
 from headway.train.loop import TrainConfig, run_training
 
@@ -33,6 +34,7 @@ class EagleLossConfig:
     noise: float = 0.1  # EAGLE-1: uniform noise U(-noise, noise) on the input features
     ce_weight: float = 0.1  # EAGLE-1: weight of the soft cross-entropy against the target's distribution
     reg_weight: float = 1.0  # EAGLE-1: weight of the SmoothL1 feature regression
+    chunk_size: int = DEFAULT_CHUNK_SIZE  # rows per block of the fused cross-entropy (0: unchunked, [n, V'] logits kept)
 
     def __post_init__(self):
         if self.ttt_steps < 1:
@@ -90,10 +92,11 @@ class EagleTrainingModule(torch.nn.Module):
         if cfg.version == 1:
             return eagle1_loss(self.head, final, batch["input_ids"], batch["loss_mask"], self.target_rows, self.t2d,
                                noise=self.loss.noise if self.training else 0.0, ce_weight=self.loss.ce_weight,
-                               reg_weight=self.loss.reg_weight, argmax=argmax)
+                               reg_weight=self.loss.reg_weight, argmax=argmax, chunk_size=self.loss.chunk_size)
         fused = feats[..., :cfg.feature_width]  # the feature layers come first, in their order
         return eagle3_loss(self.head, fused, final, batch["input_ids"], batch["loss_mask"], self.target_rows,
-                           self.t2d, argmax, steps=self.loss.ttt_steps, decay=self.loss.decay)
+                           self.t2d, argmax, steps=self.loss.ttt_steps, decay=self.loss.decay,
+                           chunk_size=self.loss.chunk_size)
 
 
 class EagleMethod:

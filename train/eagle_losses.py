@@ -15,6 +15,10 @@ Row t of a step predicts token x[t+2+i] (the same alignment as Medusa head i); i
 token is an assistant token (loss_mask 1). Accuracy is top-1/top-5 of the draft logits against the
 target's own argmax there (as EAGLE reports it: what greedy acceptance needs); an argmax outside
 the draft vocabulary counts as a miss.
+
+Both soft cross-entropies run through the fused, row-chunked linear cross-entropy
+(``headway.train.chunked``): neither the draft's nor the target's [n, V'] logits are kept per step;
+``chunk_size=0`` materialises them (the plain path).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headway.train.losses import topk_counts
+from headway.heads.eagle import TTTKeys
+from headway.train.chunked import DEFAULT_CHUNK_SIZE, linear_cross_entropy
 
 
 def _shift(x: torch.Tensor, i: int, fill) -> torch.Tensor:
@@ -34,14 +39,8 @@ def _shift(x: torch.Tensor, i: int, fill) -> torch.Tensor:
     return torch.cat([x[:, i:], pad], dim=1)
 
 
-def _counts(prefix: str, logits: torch.Tensor, labels: torch.Tensor, ce_sum: torch.Tensor, n: torch.Tensor,
+def _counts(prefix: str, ce_sum: torch.Tensor, top1: torch.Tensor, top5: torch.Tensor, n: torch.Tensor,
             extra: dict | None = None) -> dict[str, torch.Tensor]:
-    with torch.no_grad():
-        if logits.shape[0]:
-            top1, top5 = topk_counts(logits, labels, torch.ones_like(labels, dtype=torch.bool),
-                                     k=min(5, logits.shape[-1]))
-        else:
-            top1 = top5 = n * 0
     out = {f"{prefix}/loss_sum": ce_sum.detach(), f"{prefix}/top1": top1, f"{prefix}/top5": top5,
            f"{prefix}/count": n}
     for k, v in (extra or {}).items():
@@ -49,19 +48,26 @@ def _counts(prefix: str, logits: torch.Tensor, labels: torch.Tensor, ce_sum: tor
     return out
 
 
+def _nothing(prefix: str, n: torch.Tensor, extra: dict | None = None) -> dict[str, torch.Tensor]:
+    """The counts of a step without rows (n = 0)."""
+    return _counts(prefix, n.float() * 0, n * 0, n * 0, n, extra)
+
+
 def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 target_rows: torch.Tensor, t2d: torch.Tensor | None, *, noise: float = 0.1,
                 ce_weight: float = 0.1, reg_weight: float = 1.0,
-                generator: torch.Generator | None = None, argmax: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+                generator: torch.Generator | None = None, argmax: torch.Tensor | None = None,
+                chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, dict]:
     """features: [B, T, H] the target's final-norm hidden states; input_ids, loss_mask: [B, T];
-    target_rows: [V', H] the target lm_head rows of the draft vocabulary; t2d: [V] target id ->
-    draft index (-1 outside) or None."""
+    target_rows: [V', H] the target lm_head rows of the draft vocabulary (EAGLE-1 drafts through
+    them too); t2d: [V] target id -> draft index (-1 outside) or None; chunk_size: rows per chunk
+    of the fused cross-entropy (0: unchunked)."""
     b, t, _ = features.shape
     f = features.float()
     if t < 3:
         zero = sum(p.sum() for p in head.parameters() if p.requires_grad) * 0.0  # every parameter in the graph (DDP)
         n = loss_mask.new_zeros(())
-        return zero, _counts("step0", f.new_zeros((0, 1)), input_ids.new_zeros(0), f.new_zeros(()), n)
+        return zero, _nothing("step0", n)
     inp = f[:, :-2]  # f[t], t = 0 .. T-3
     if noise > 0:
         u = torch.rand(inp.shape, generator=generator, device=inp.device) if generator is not None \
@@ -74,26 +80,26 @@ def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask
     n = mask.sum()
     if h.shape[0] == 0:
         zero = sum(p.sum() for p in head.parameters() if p.requires_grad) * 0.0
-        return zero, _counts("step0", h.new_zeros((0, 1)), input_ids.new_zeros(0), h.new_zeros(()), n)
+        return zero, _nothing("step0", n)
     reg = F.smooth_l1_loss(h, want, reduction="none").mean(-1)  # [n]
-    with torch.no_grad():
-        p = (want @ target_rows.float().T).softmax(-1)  # [n, V'] the target's distribution
-        labels = p.argmax(-1)  # the target's choice among the draft vocabulary
-        if t2d is not None and argmax is not None:  # its own full-vocabulary choice: outside the draft vocabulary, a miss
-            labels = t2d[argmax[:, 1:-1][mask].clamp_min(0)]
-    logits = head.logits(h).float()  # [n, V']
-    ce = -(p * logits.log_softmax(-1)).sum(-1)  # [n]
-    loss = reg_weight * reg.mean() + ce_weight * ce.mean()
-    return loss, _counts("step0", logits, labels, ce.sum(), n, {"reg_sum": reg.sum()})
+    labels = None  # the counts' labels: the target's choice among the draft vocabulary ...
+    if t2d is not None and argmax is not None:  # ... or its own full-vocabulary choice: outside, a miss
+        labels = t2d[argmax[:, 1:-1][mask].clamp_min(0)]
+    # q = softmax(lm_head h) against p = softmax(lm_head f[t+1]), both through the target's rows
+    ce_sum, top1, top5 = linear_cross_entropy(h, target_rows.to(h.dtype), labels, target=(want, target_rows),
+                                              project=head.logits, chunk_size=chunk_size)
+    loss = reg_weight * reg.mean() + ce_weight * ce_sum / h.shape[0]
+    return loss, _counts("step0", ce_sum, top1, top5, n, {"reg_sum": reg.sum()})
 
 
 def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: torch.Tensor,
                 loss_mask: torch.Tensor, target_rows: torch.Tensor, t2d: torch.Tensor | None,
                 argmax: torch.Tensor | None = None, *, steps: int = 7,
-                decay: float = 0.8) -> tuple[torch.Tensor, dict]:
+                decay: float = 0.8, chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, dict]:
     """features: [B, T, F] the fused target layers; last: [B, T, H] the target's final-norm hidden
     states (its distribution); argmax: [B, T] the target's full-vocabulary argmax (None: use the
-    data's next token); target_rows: [V', H] the target lm_head rows of the draft vocabulary."""
+    data's next token); target_rows: [V', H] the target lm_head rows of the draft vocabulary;
+    chunk_size: rows per chunk of the fused cross-entropy (0: unchunked)."""
     b, t, _ = features.shape
     n = t - 1  # rows t = 0 .. T-2: step 0 pairs f[t] with x[t+1]
     metrics: dict[str, torch.Tensor] = {}
@@ -103,10 +109,6 @@ def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: tor
     with torch.no_grad():
         counted = torch.zeros((b, n), dtype=torch.bool, device=features.device)
         counted[:, :n - 1] = loss_mask[:, 2:].bool()  # x[t+2] exists and is an assistant token
-        # the target's distribution at position t+1 (it predicts x[t+2]), only for the rows that count
-        p_rows = (last[:, 1:][counted].float() @ target_rows.float().T).softmax(-1)  # [n_c, V']
-        row_of = torch.full((b, n), -1, dtype=torch.long, device=features.device)
-        row_of[counted] = torch.arange(p_rows.shape[0], device=features.device)
         chosen = argmax[:, 1:] if argmax is not None else torch.cat([input_ids[:, 2:], input_ids[:, -1:]], 1)
         valid = counted.clone()
         if t2d is not None:
@@ -115,7 +117,7 @@ def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: tor
         labels_all = t2d[chosen.clamp_min(0)] if t2d is not None else chosen
     hidden = head.input_hidden(features[:, :-1])  # [B, N, H]
     positions = torch.arange(n, device=features.device)[None].expand(b, -1)
-    ttt: list = []
+    ttt = TTTKeys()  # not a list: see TTTKeys
     for i in range(steps):
         tokens = _shift(input_ids[:, 1:], i, 0)  # x[t+1+i]
         h = head(tokens, hidden, positions + i, ttt=ttt)  # [B, N, H]
@@ -124,13 +126,14 @@ def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: tor
         if int(count):
             rb, rt = seen.nonzero(as_tuple=True)  # [n_i]
             learn = valid[rb, rt + i]  # of those, the rows the loss learns from (target's choice in the draft vocabulary)
-            logits = head.logits(h[rb, rt]).float()  # [n_i, V']
-            p = p_rows[row_of[rb, rt + i][learn]]  # [n_l, V'] the target's distribution there
-            ce = -(p * logits[learn].log_softmax(-1)).sum(-1)
-            total = total + decay ** i * ce.sum() / learn.sum().clamp_min(1) + logits.sum() * 0.0
-            metrics.update(_counts(f"step{i}", logits, labels_all[rb, rt + i], ce.sum(), count))
+            # the draft's logits lm_head(norm h) against the target's distribution at position t+1+i
+            ce_sum, top1, top5 = linear_cross_entropy(
+                head.norm(h[rb, rt]), head.lm_head.weight, labels_all[rb, rt + i], learn=learn,
+                target=(last[:, 1:][rb, rt + i].float(), target_rows), project=head.lm_head, chunk_size=chunk_size)
+            total = total + decay ** i * ce_sum / learn.sum().clamp_min(1)
+            metrics.update(_counts(f"step{i}", ce_sum, top1, top5, count))
         else:  # nothing to learn at this depth in this batch: keep the graph whole (DDP)
             total = total + head.logits(h[:, :1]).sum() * 0.0
-            metrics.update(_counts(f"step{i}", h.new_zeros((0, 1)), input_ids.new_zeros(0), h.new_zeros(()), count))
+            metrics.update(_nothing(f"step{i}", count))
         hidden = h  # the next step reads this step's own output
     return total, metrics

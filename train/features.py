@@ -15,9 +15,16 @@ shard's sequences concatenated (N tokens, S sequences):
 - ``input_ids`` [N] int64, ``loss_mask`` [N] uint8, ``offsets`` [S + 1] int64;
 - ``argmax`` [N] int32 (optional): the target's full-vocabulary argmax at each position.
 
+Writing splits across launched processes (``cache_features(..., state=PartialState())``): rank r
+computes shards r, r+N, ... (each shard's batches are the ones a single process forms, so the
+tensors are bit-identical) and rank 0 writes index.json before and after; the folder is the one a
+single process writes.
+
 Reading is lazy (``load_cached_features``): shards are memory-mapped with ``safe_open`` and only
-the rows (and columns, for a layer subset) of the example asked for are read; token ids and loss
-masks of all shards are held in RAM.
+the rows (and columns, for a layer subset) of the example asked for are read. Under several
+training processes each rank therefore reads from disk only the feature rows of its own share
+(the examples it indexes); what every rank holds in RAM is the token ids, loss masks and offsets
+of all shards (about 5 bytes per token), which length-based choices and the draft vocabulary need.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from tqdm.auto import tqdm
 
 from headway.heads.features import capture_features, check_feature_layers, num_layers
 from headway.train.checkpoint import atomic_write_text
+from headway.train.launch import my_units, rank_and_world, wait_for_everyone
 
 INDEX_NAME = "index.json"
 # Bump when the shard layout or the index changes; older caches are refused with a clear message.
@@ -221,7 +229,7 @@ def _shard_matches(path: Path, part: list[dict]) -> bool | None:
 
 def cache_features(target, examples, out_dir: str | Path, *, layers: list[int] | None = None, meta: dict,
                    batch_size: int = 8, shard_size: int = 256, dtype: torch.dtype = torch.bfloat16, device=None,
-                   with_argmax: bool = True, fingerprint: dict | None = None) -> Path:
+                   with_argmax: bool = True, fingerprint: dict | None = None, state=None) -> Path:
     """Run the frozen target once over ``examples`` and write feature shards; resumes per shard.
 
     ``layers``: target hidden-state ids to store side by side (None: ``[L]``, the final-norm output
@@ -231,6 +239,10 @@ def cache_features(target, examples, out_dir: str | Path, *, layers: list[int] |
     of the target, tokenizer and layers; computed without the tokenizer when None) are stored in
     index.json and must match on resume. Existing shards are checked against ``examples`` and
     kept; missing ones are (re)written.
+
+    ``state``: accelerate's ``PartialState`` when launched on several processes (every rank calls
+    this with the same examples): rank r computes and writes shards r, r+N, ... only, rank 0 writes
+    index.json, and every rank returns once the cache is complete. None: one process does all.
     """
     if dtype not in _DTYPE_NAMES:
         raise ValueError(f"feature dtype {dtype} is not supported; use one of {sorted(_DTYPES)}")
@@ -259,19 +271,21 @@ def cache_features(target, examples, out_dir: str | Path, *, layers: list[int] |
     shards = [_shard_name(s) for s in range((len(examples) + shard_size - 1) // shard_size)]
     head = {"format": CACHE_FORMAT, "meta": meta, "fingerprint": fingerprint, "layers": layers,
             "hidden_size": hidden_size, **settings}
-    if index_path.is_file():
+    if index_path.is_file():  # every rank checks, so all of them refuse a foreign folder alike
         old = json.loads(index_path.read_text())
         _check_existing(old, out_dir, meta, fingerprint, settings)
         if old.get("complete") and old.get("num_sequences") != len(examples):
             raise ValueError(f"{out_dir} holds {old.get('num_sequences')} sequences, this data has {len(examples)}; "
                              "choose another folder or delete it")
-    _write_index(index_path, {**head, "shards": shards, "complete": False})
+    rank, _ = rank_and_world(state)
+    wait_for_everyone(state)
+    if rank == 0:
+        _write_index(index_path, {**head, "shards": shards, "complete": False})
 
-    token_count = 0
-    for s, name in enumerate(tqdm(shards, desc="caching features", unit="shard")):
-        path = out_dir / name
+    token_count = sum(len(e["input_ids"]) for e in examples)
+    for s in tqdm(my_units(len(shards), state), desc="caching features", unit="shard", disable=rank != 0):
+        path = out_dir / shards[s]
         part = [examples[i] for i in range(s * shard_size, min(len(examples), (s + 1) * shard_size))]
-        token_count += sum(len(e["input_ids"]) for e in part)
         if path.is_file():
             ok = _shard_matches(path, part)
             if ok:
@@ -312,8 +326,11 @@ def cache_features(target, examples, out_dir: str | Path, *, layers: list[int] |
         _atomic_save(tensors, path, metadata={"format": str(CACHE_FORMAT), "layers": ",".join(map(str, layers)),
                                               "dtype": settings["dtype"]})
     bytes_per_token = len(layers) * hidden_size * torch.empty((), dtype=dtype).element_size()
-    _write_index(index_path, {**head, "shards": shards, "complete": True, "num_sequences": len(examples),
-                              "num_tokens": token_count, "bytes_per_token": bytes_per_token})
+    wait_for_everyone(state)  # every shard is written
+    if rank == 0:
+        _write_index(index_path, {**head, "shards": shards, "complete": True, "num_sequences": len(examples),
+                                  "num_tokens": token_count, "bytes_per_token": bytes_per_token})
+    wait_for_everyone(state)  # no rank returns (and reads the cache) before the index says complete
     return out_dir
 
 

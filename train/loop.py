@@ -115,14 +115,39 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
             "synchronise. On CPU launch with `accelerate launch --multi_gpu --num_processes N` (headway "
             "builds a CPU accelerator itself) or with torchrun."
         )
+    if acc.distributed_type not in SUPPORTED:
+        raise ValueError(f"accelerate's distributed type {acc.distributed_type.value} is not supported by headway's "
+                         f"loop; use one of {', '.join(t.value for t in SUPPORTED)}")
     if acc.distributed_type == DistributedType.DEEPSPEED:
-        # the loop has no DataLoader for accelerate to read these from: set them from the run config
-        ds = acc.state.deepspeed_plugin.deepspeed_config
-        ds.update(train_micro_batch_size_per_gpu=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
-                  train_batch_size=cfg.batch_size * cfg.grad_accum * acc.num_processes,
-                  gradient_clipping=cfg.max_grad_norm if cfg.max_grad_norm > 0 else 0.0)
-        ds.setdefault("zero_allow_untested_optimizer", True)
+        fill_deepspeed_config(acc.state.deepspeed_plugin.deepspeed_config, cfg, acc.num_processes, mp)
     return acc
+
+
+SUPPORTED = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.DEEPSPEED,
+             DistributedType.FSDP)
+
+
+def fill_deepspeed_config(ds: dict, cfg: TrainConfig, processes: int, mixed_precision: str) -> None:
+    """Fill DeepSpeed's batch, accumulation and clipping entries from the run config (the loop has no
+    DataLoader for accelerate to read them from); an explicit value that contradicts the run config,
+    or a precision the run does not use, is a one-line ValueError."""
+    wanted = {"train_micro_batch_size_per_gpu": (cfg.batch_size, "train.batch_size"),
+              "gradient_accumulation_steps": (cfg.grad_accum, "train.grad_accum"),
+              "train_batch_size": (cfg.batch_size * cfg.grad_accum * processes,
+                                   "train.batch_size x train.grad_accum x processes"),
+              "gradient_clipping": (cfg.max_grad_norm if cfg.max_grad_norm > 0 else 0.0, "train.max_grad_norm")}
+    for key, (value, name) in wanted.items():
+        given = ds.get(key, "auto")
+        if given != "auto" and float(given) != float(value):
+            raise ValueError(f"the DeepSpeed config sets {key}={given} but the run config gives {value} "
+                             f"({name}); set it to \"auto\" in the DeepSpeed config or change the run config")
+        ds[key] = value
+    for kind, mode in (("bf16", "bf16"), ("fp16", "fp16")):
+        enabled = ds.get(kind, {}).get("enabled", "auto")
+        if enabled is True and mixed_precision != mode:
+            raise ValueError(f"the DeepSpeed config enables {kind} but the run's mixed precision is {mixed_precision!r}; "
+                             f"set {kind}.enabled to \"auto\" or pass train.mixed_precision={mode}")
+    ds.setdefault("zero_allow_untested_optimizer", True)
 
 
 def _env_flag(name: str) -> bool:
@@ -251,7 +276,8 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     if not train_data:
         raise ValueError("the training set is empty; check the data source and its filters")
     # the world size decides data order and schedule, so a resume must keep it
-    run_config = {**run_config, "num_processes": acc.num_processes}
+    run_config = {**run_config, "num_processes": acc.num_processes, "train_sequences": len(train_data),
+                  "heldout_sequences": len(eval_data)}
     out = prepare_output_dir(cfg, run_config, acc)
     done = out / "eval_metrics.json"
     if cfg.resume and done.is_file() and (out / "model.safetensors").is_file():
@@ -301,6 +327,7 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     model.train()
     running: dict[str, torch.Tensor] = {}
     tokens, t0 = 0, time.perf_counter()
+    train_tokens, train_start = 0, time.perf_counter()  # this process's tokens since the (re)start
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
         order = torch.randperm(len(train_data), generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
@@ -312,6 +339,7 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
             batch = pad_batch([train_data[i] for i in order[first:first + cfg.batch_size].tolist()])
             batch = {k: v.to(acc.device) for k, v in batch.items()}
             tokens += int(batch["attention_mask"].sum())
+            train_tokens += int(batch["attention_mask"].sum())
             # accelerate syncs (DDP) / steps (DeepSpeed's engine) on the last micro-step only and
             # scales the loss by 1 / grad_accum itself
             with acc.accumulate(model):
@@ -348,9 +376,8 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
 
     final = evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size) if eval_data else {}
     _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in final.items()}}, cfg)
-    final = {**final, "train_sequences": len(train_data), "heldout_sequences": len(eval_data)}
     with gathered(acc, unwrapped):  # ZeRO-3: whole trainable weights for the check and the export
-        _write_sync_check(acc, out, unwrapped)
+        _write_sync_check(acc, out, unwrapped, time.perf_counter() - train_start, train_tokens)
         if acc.is_main_process:
             method.export(unwrapped, out, final)
             (out / "eval_metrics.json").write_text(json.dumps(final, indent=2))
@@ -408,15 +435,29 @@ def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k in names}
 
 
-def _write_sync_check(acc: Accelerator, out: Path, model: torch.nn.Module) -> None:
-    """Record how many processes trained and each rank's parameter fingerprint."""
+def peak_memory_mb() -> dict[str, float]:
+    """This process's peak resident memory (and peak CUDA allocation on a GPU), in MiB."""
+    import resource
+
+    peak = {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux reports KiB
+    if torch.cuda.is_available():
+        peak["cuda"] = torch.cuda.max_memory_allocated() / 2**20
+    return peak
+
+
+def _write_sync_check(acc: Accelerator, out: Path, model: torch.nn.Module, train_seconds: float, tokens: int) -> None:
+    """Record how many processes trained, each rank's parameter fingerprint and peak memory, and
+    the run's training throughput (tokens per second over all processes)."""
     from accelerate.utils import gather_object
 
-    prints = gather_object([parameter_fingerprint(model)]) if acc.num_processes > 1 else [parameter_fingerprint(model)]
+    mine = [{"fingerprint": parameter_fingerprint(model), "peak_memory_mb": peak_memory_mb()}]
+    ranks = gather_object(mine) if acc.num_processes > 1 else mine
     if acc.is_main_process:
         (out / "distributed.json").write_text(json.dumps({
             "num_processes": acc.num_processes, "distributed_type": str(acc.distributed_type),
-            "fingerprints": prints}))
+            "zero_stage": zero_stage(acc), "fingerprints": [r["fingerprint"] for r in ranks],
+            "peak_memory_mb": [r["peak_memory_mb"] for r in ranks],
+            "train_tokens_per_s": tokens * acc.num_processes / max(train_seconds, 1e-9)}))
 
 
 def _log(acc: Accelerator, out: Path, record: dict, cfg: TrainConfig) -> None:

@@ -2,7 +2,9 @@
 
 Medusa-1 (Cai et al., 2024): ``sum_k w_k * CE(head_k(h_t), x_{t+k+2})`` over assistant tokens,
 with ``w_k = 0.8**k`` by default. Metrics are returned as counts (correct, total) so they add up
-exactly across micro-batches and processes.
+exactly across micro-batches and processes. Each head's loss is a fused, row-chunked linear
+cross-entropy (``headway.train.chunked``): peak memory holds one [chunk, V] block of logits, not
+one [n, V] per head.
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ from __future__ import annotations
 import re
 
 import torch
-import torch.nn.functional as F
+
+from headway.train.chunked import DEFAULT_CHUNK_SIZE, linear_cross_entropy, topk_counts
+
+__all__ = ["DEFAULT_CHUNK_SIZE", "head_weights", "medusa_loss", "projection_weight", "summarize",
+           "topk_counts"]  # topk_counts now lives in headway.train.chunked; re-exported for old imports
 
 
 def head_weights(num_heads: int, decay: float = 0.8, weights: list[float] | None = None) -> list[float]:
@@ -22,21 +28,22 @@ def head_weights(num_heads: int, decay: float = 0.8, weights: list[float] | None
     return [decay**k for k in range(num_heads)]
 
 
-def topk_counts(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, k: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
-    # logits: [N, V], labels: [N], mask: [N] bool -> (top-1 correct, top-k correct) counts
-    top = logits.topk(k, dim=-1).indices  # [N, k]
-    hit = top == labels[:, None]
-    return (hit[:, 0] & mask).sum(), (hit.any(-1) & mask).sum()
+def projection_weight(heads, k: int) -> torch.Tensor:
+    """Head k's vocabulary projection [V', H]: its own lm_head, or the target's shared (frozen) one."""
+    return heads.projection_weight(k)
 
 
 def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                weights: list[float], t2d: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                weights: list[float], t2d: torch.Tensor | None = None,
+                chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted Medusa loss and per-head counts.
 
     hidden: [B, T, H] target features; input_ids, loss_mask: [B, T]. Head k at position t is
     trained on token t+k+2 where that token is an assistant token (loss_mask 1). With a reduced
     draft vocabulary, ``t2d`` [V] maps target ids to draft indices (-1 outside): such labels carry
     no loss but count as misses in the accuracy, which stays comparable with a full vocabulary.
+    ``chunk_size``: rows per chunk of the fused loss; 0 materialises every head's [n, V] logits
+    (the plain path: same values, memory growing with heads x vocabulary).
     """
     num_heads = len(weights)
     total = hidden.new_zeros((), dtype=torch.float32)
@@ -55,11 +62,9 @@ def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask:
             metrics.update({f"head{k}/loss_sum": n.float() * 0, f"head{k}/top1": n * 0, f"head{k}/top5": n * 0,
                             f"head{k}/count": n})
             continue
-        logits = heads.head_logits(feats, k)  # [n, V]; cross_entropy runs in fp32 under autocast
-        ce = F.cross_entropy(logits, labels, reduction="sum", ignore_index=-1)
+        ce, top1, top5 = linear_cross_entropy(heads.head_features(feats, k), projection_weight(heads, k), labels,
+                                              project=lambda x, k=k: heads.project(x, k), chunk_size=chunk_size)
         total = total + weights[k] * ce / n
-        with torch.no_grad():
-            top1, top5 = topk_counts(logits, labels, torch.ones_like(labels, dtype=torch.bool))
         metrics.update({f"head{k}/loss_sum": ce.detach(), f"head{k}/top1": top1, f"head{k}/top5": top5,
                         f"head{k}/count": n})
     return total, metrics

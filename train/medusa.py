@@ -22,13 +22,14 @@ from headway.train.config import to_dict
 from headway.train.data import DataConfig
 from headway.train.features import last_hidden_state
 from headway.train.loop import TrainConfig, run_training
-from headway.train.losses import head_weights, medusa_loss
+from headway.train.losses import DEFAULT_CHUNK_SIZE, head_weights, medusa_loss
 
 
 @dataclasses.dataclass
 class LossConfig:
     decay: float = 0.8  # head k is weighted decay**k (Medusa's 0.8)
     weights: list[float] | None = None  # explicit per-head weights instead of decay**k
+    chunk_size: int = DEFAULT_CHUNK_SIZE  # rows per block of the fused cross-entropy (0: unchunked, [n, V'] logits kept)
 
 
 @dataclasses.dataclass
@@ -42,13 +43,17 @@ class MedusaRunConfig:
 
 
 class MedusaTrainingModule(torch.nn.Module):
-    """Heads plus their loss; the frozen target (online features) is held outside the module."""
+    """Heads plus their loss; the frozen target (online features) is held outside the module.
 
-    def __init__(self, heads: MedusaHeads, target, weights: list[float]):
+    ``chunk_size``: rows per chunk of the fused loss (peak memory: one [chunk, V] block of logits
+    whatever the number of heads); 0 keeps every head's [n, V] logits for backward."""
+
+    def __init__(self, heads: MedusaHeads, target, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE):
         super().__init__()
         self.heads = heads
         self._target = (target,)  # not a submodule: never wrapped, saved or trained
         self.weights = weights
+        self.chunk_size = chunk_size
         self.register_buffer("t2d", heads.target_to_draft(), persistent=False)  # None for a full vocabulary
 
     def forward(self, batch: dict[str, torch.Tensor]):
@@ -56,14 +61,15 @@ class MedusaTrainingModule(torch.nn.Module):
         if hidden is None:
             hidden = last_hidden_state(self._target[0], batch["input_ids"], batch["attention_mask"])
         hidden = hidden.float()  # cached features may be stored in half precision
-        return medusa_loss(self.heads, hidden, batch["input_ids"], batch["loss_mask"], self.weights, self.t2d)
+        return medusa_loss(self.heads, hidden, batch["input_ids"], batch["loss_mask"], self.weights, self.t2d,
+                           chunk_size=self.chunk_size)
 
 
 class MedusaMethod:
     """The Medusa-1 plug-in for the shared loop."""
 
-    def __init__(self, heads: MedusaHeads, target, weights: list[float]):
-        self.model = MedusaTrainingModule(heads, target, weights)
+    def __init__(self, heads: MedusaHeads, target, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE):
+        self.model = MedusaTrainingModule(heads, target, weights, chunk_size=chunk_size)
 
     def export(self, model: MedusaTrainingModule, output_dir: Path, metrics: dict) -> None:
         model.heads.save_pretrained(output_dir, metrics=metrics)
@@ -81,7 +87,8 @@ def train(cfg: MedusaRunConfig) -> dict:
                                     base_model_name_or_path=cfg.model)
     heads.to(run.acc.device)
     describe(run, cfg.features)
-    method = MedusaMethod(heads, run.target, head_weights(cfg.heads.num_heads, cfg.loss.decay, cfg.loss.weights))
+    method = MedusaMethod(heads, run.target, head_weights(cfg.heads.num_heads, cfg.loss.decay, cfg.loss.weights),
+                          chunk_size=cfg.loss.chunk_size)
     metrics = run_training(run.acc, cfg.train, method, run.train_data, run.eval_data, run_config=to_dict(cfg))
     report_accuracy(run, metrics, "head", cfg.heads.num_heads, "head", cfg.train.output_dir)
     return metrics

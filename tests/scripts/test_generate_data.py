@@ -1,7 +1,16 @@
-"""Self-distillation script: batched generation to JSONL, stable ids, resume after a kill."""
+"""Self-distillation script: batched generation to JSONL, stable ids, resume after a kill, and the
+same bytes from 2 launched processes (accelerate launch, torchrun) as from one."""
 
+import contextlib
 import importlib.util
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -124,3 +133,160 @@ def test_read_prompts(gen, tmp_path):
     txt = tmp_path / "p.txt"
     txt.write_text("one\n\ntwo\n")
     assert gen.read_prompts(str(txt)) == ["one", "two"]
+
+
+def fake_rank(rank, world):
+    """What the split reads of accelerate's PartialState, for one rank run in this process (ranks
+    run one after the other, so the barriers have nothing to wait for)."""
+    return types.SimpleNamespace(process_index=rank, num_processes=world, wait_for_everyone=lambda: None)
+
+
+def test_replies_do_not_depend_on_batch_size(gen, tiny, tmp_path):
+    # each prompt samples from its own generator; padding round-off is too small to move this tiny target
+    for temperature in (0.0, 1.0):
+        texts = []
+        for bs in (1, 3, 10):
+            out = tmp_path / f"t{temperature}-b{bs}.jsonl"
+            run(gen, tiny, PROMPTS, out, batch_size=bs, temperature=temperature, max_new_tokens=10)
+            texts.append(out.read_text())
+        assert texts[0] == texts[1] == texts[2]
+
+
+def test_ranks_split_batches_and_rank0_merges_in_prompt_order(gen, tiny, tmp_path):
+    one = tmp_path / "one.jsonl"
+    run(gen, tiny, PROMPTS, one, batch_size=3, temperature=1.0)
+    two = tmp_path / "two.jsonl"
+    # rank 1 answers batches 1 and 3 (prompts 3-5 and 9) into its own part file and merges nothing
+    assert run(gen, tiny, PROMPTS, two, batch_size=3, temperature=1.0, state=fake_rank(1, 2)) == 4
+    part = gen.part_path(two, 1)
+    assert [r["id"] for r in read(part)] == [gen.prompt_id(PROMPTS[i]) for i in (3, 4, 5, 9)]
+    assert not two.exists()
+    # rank 0 answers batches 0 and 2, then merges both parts
+    assert run(gen, tiny, PROMPTS, two, batch_size=3, temperature=1.0, state=fake_rank(0, 2)) == 6
+    assert two.read_bytes() == one.read_bytes()
+    assert not gen.parts_dir(two).exists()
+
+
+def test_resume_drops_a_cut_record_and_keeps_foreign_records(gen, tiny, tmp_path):
+    full = tmp_path / "full.jsonl"
+    run(gen, tiny, PROMPTS, full, batch_size=3)
+    lines = full.read_text().splitlines(keepends=True)
+    # a 2-process run killed after rank 0 wrote batch 0 and cut the first record of batch 2, and rank 1
+    # wrote batch 1; the output already holds a record of a prompt this run does not ask for
+    out = tmp_path / "out.jsonl"
+    other = json.dumps({"id": "other", "messages": [], "finished": True}) + "\n"
+    out.write_text(other)
+    gen.parts_dir(out).mkdir()
+    gen.part_path(out, 0).write_text("".join(lines[0:3]) + lines[6][:20])
+    gen.part_path(out, 1).write_text("".join(lines[3:6]))
+    # resumed by one process (rank 0): it drops the cut record and answers batches 2 and 3
+    with pytest.warns(UserWarning, match="rank-00000.jsonl: dropped 1 incomplete line"):
+        assert run(gen, tiny, PROMPTS, out, batch_size=3) == 4
+    assert out.read_text() == "".join(lines) + other
+    assert not gen.parts_dir(out).exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Really launched: 2 processes on CPU (gloo)
+# ---------------------------------------------------------------------------------------------
+
+CLI = ["--model", "tiny-random-llama", "--num-prompts", "20", "--batch-size", "3", "--max-new-tokens", "12"]
+# Wraps the script so that each rank records its pid and stalls before its third batch (to be
+# killed there: the launcher starts ranks in sessions of their own, so killing it leaves them).
+STALLING = """
+import importlib.util, os, sys, time
+import headway.heads.target as target
+with open({pids!r} + "/" + os.environ["RANK"], "w") as f:
+    f.write(str(os.getpid()))
+real = target.load_target
+
+def load_target(*args, **kwargs):
+    model, tokenizer = real(*args, **kwargs)
+    generate, calls = model.generate, []
+
+    def stalling(*a, **k):
+        calls.append(1)
+        if len(calls) > 2:
+            time.sleep(600)
+        return generate(*a, **k)
+
+    model.generate = stalling
+    return model, tokenizer
+
+target.load_target = load_target
+spec = importlib.util.spec_from_file_location("generate_data", {script!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+sys.exit(module.main())
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(*args, script=SCRIPT, torchrun=False):
+    port = str(_free_port())
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", port]
+    else:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port]
+    return subprocess.Popen([*cmd, str(script), *args], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(proc, timeout=180) -> str:
+    log, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, log[-4000:]
+    return log
+
+
+def one_process(gen, out, *args) -> bytes:
+    assert gen.main([*CLI, "--out", str(out), *args]) == 0
+    return out.read_bytes()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher, args", [("accelerate", []), ("torchrun", ["--temperature", "1.0", "--seed", "3"])])
+def test_two_processes_write_what_one_writes(gen, tmp_path, launcher, args):
+    log = finish(launch(*CLI, "--out", str(tmp_path / "two.jsonl"), *args, torchrun=launcher == "torchrun"))
+    # 20 prompts in 7 batches of 3: rank 0 answers batches 0, 2, 4, 6 (11 prompts), rank 1 the rest
+    assert "rank 0 of 2: wrote 11 new records" in log and "rank 1 of 2: wrote 9 new records" in log, log[-3000:]
+    want = one_process(gen, tmp_path / "one.jsonl", *args)
+    assert (tmp_path / "two.jsonl").read_bytes() == want and len(want.splitlines()) == 20
+    assert not gen.parts_dir(tmp_path / "two.jsonl").exists()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_killed_two_process_run_resumes_to_the_same_file(gen, tmp_path):
+    out = tmp_path / "two.jsonl"
+    wrapper = tmp_path / "stalling.py"
+    (tmp_path / "pids").mkdir()
+    wrapper.write_text(STALLING.format(script=str(SCRIPT), pids=str(tmp_path / "pids")))
+    proc = launch(*CLI, "--out", str(out), script=wrapper)
+    parts = [gen.part_path(out, r) for r in (0, 1)]
+    deadline = time.monotonic() + 150
+    try:
+        # each rank writes two batches (6 records), then stalls in its third
+        while not all(p.is_file() and len(gen.read_records(p)[0]) == 6 for p in parts):
+            assert proc.poll() is None and time.monotonic() < deadline, "the stalling run ended or never got going"
+            time.sleep(0.1)
+    finally:
+        for pid in [int(f.read_text()) for f in (tmp_path / "pids").iterdir() if f.read_text()] + [-proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # a negative pid: the launcher's process group
+        proc.communicate(timeout=60)
+    assert not out.exists()
+    text = parts[1].read_text()
+    parts[1].write_text(text[: len(text) - 30])  # rank 1's last record cut by the kill
+    log = finish(launch(*CLI, "--out", str(out)))
+    # rank 0: batches 4 and 6 (5 prompts); rank 1: the cut record of batch 3 and batch 5 (1 + 3)
+    assert "rank 0 of 2: wrote 5 new records" in log and "rank 1 of 2: wrote 4 new records" in log, log[-3000:]
+    assert out.read_bytes() == one_process(gen, tmp_path / "one.jsonl")
+    assert not gen.parts_dir(out).exists()

@@ -96,3 +96,24 @@ def test_interval_and_vocab_bounds():
 
     with pytest.raises(ValueError, match="exceeds the target's vocab_size 300"):
         MedusaHeads(MedusaConfig(hidden_size=8, vocab_size=300, draft_vocab_size=301))
+
+
+def test_deepspeed_config_is_filled_from_the_run_config_or_refused():
+    import json
+
+    from headway.configs import CONFIG_DIR
+    from headway.train.loop import TrainConfig, fill_deepspeed_config
+
+    cfg = TrainConfig(batch_size=4, grad_accum=2, max_grad_norm=0.5)
+    ds = json.loads((CONFIG_DIR / "deepspeed" / "zero3.json").read_text())
+    fill_deepspeed_config(ds, cfg, processes=2, mixed_precision="no")
+    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], ds["train_batch_size"],
+            ds["gradient_clipping"]) == (4, 2, 16, 0.5)
+    for key, value, name in [("train_micro_batch_size_per_gpu", 8, "train.batch_size"),
+                             ("gradient_accumulation_steps", 4, "train.grad_accum"),
+                             ("train_batch_size", 64, "processes")]:
+        bad = {**json.loads((CONFIG_DIR / "deepspeed" / "zero2.json").read_text()), key: value}
+        with pytest.raises(ValueError, match=f"sets {key}={value} .*{name}"):
+            fill_deepspeed_config(bad, cfg, processes=2, mixed_precision="no")
+    with pytest.raises(ValueError, match="enables bf16 .*train.mixed_precision=bf16"):
+        fill_deepspeed_config({"bf16": {"enabled": True}}, cfg, processes=2, mixed_precision="no")

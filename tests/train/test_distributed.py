@@ -39,7 +39,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 def launch(method: str, mode: str, out: Path, *overrides, processes: int = 2, launcher: list[str] = (),
            port: int | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *MODES[mode], "--num_processes", str(processes),
+    flags = [] if mode == "ddp" and processes == 1 else MODES[mode]  # --multi_gpu needs 2 processes
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes", str(processes),
            *(launcher or ["--num_machines", "1"]), "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_port", str(port or next(_port)),
            str(SCRIPTS[method]), "--config", str(CONFIGS[method]), f"train.output_dir={out}", *STEPS, *overrides]
@@ -132,6 +133,14 @@ def test_sharded_checkpoint_refuses_another_world_size(tmp_path):
     proc = launch("medusa", "zero2", out, "train.max_steps=24", "train.save_every=6", processes=1)
     log, _ = proc.communicate(timeout=600)
     assert proc.returncode != 0 and "cannot be resharded" in log and "--num_processes 2" in log
+
+
+def test_ddp_checkpoint_resumes_with_another_world_size(tmp_path):
+    """A DDP checkpoint holds the whole state: a 2-process run resumes and finishes in 1 process."""
+    out, steps = tmp_path / "run", ["train.max_steps=24", "train.save_every=6"]
+    kill_at(launch("medusa", "ddp", out, *steps), out / "checkpoints", "step-0000006")
+    log = finish(launch("medusa", "ddp", out, *steps, processes=1))
+    assert "was written by 2 process(es); resuming with 1" in log and (out / "model.safetensors").is_file()
 
 
 def test_two_machines_on_loopback_form_one_job(tmp_path):

@@ -162,6 +162,22 @@ def test_reading_is_lazy_and_reads_only_the_rows_asked_for(target, tmp_path, mon
         cache[len(cache)]
 
 
+def test_a_rank_reads_only_the_feature_rows_of_its_share(target, tmp_path, monkeypatch):
+    out = _make(target, tmp_path / "c", layers=[0, 1, 2], shard_size=3)  # shards: examples 0-2, 3-5, 6
+    log = []
+    real_open = F.safe_open
+    monkeypatch.setattr(F, "safe_open", lambda *a, **k: _RecordingHandle(log, real_open(*a, **k)))
+    cache = load_cached_features(out)
+    share = cache[1::2]  # rank 1 of 2 (the training loop's evaluation split; its batches index like this)
+    for e in share:
+        e["features"]
+    # examples 1, 3, 5: rows 7..19 of shard 0, 0..9 and 25..28 of shard 1; nothing of examples 0, 2, 4, 6
+    assert [r[2] for r in log if r[0] == "slice"] == [slice(7, 19), slice(0, 9), slice(25, 28)]
+    monkeypatch.setattr(F, "safe_open", real_open)
+    shard1 = load_file(str(out / "shard-00001.safetensors"))["features"]
+    assert torch.equal(share[1]["features"], shard1[0:9]) and torch.equal(share[2]["features"], shard1[25:28])
+
+
 def test_layer_subset_is_a_column_slice(target, tmp_path):
     out = _make(target, tmp_path / "c", layers=[0, 1, 2], dtype=torch.float32)
     full = load_cached_features(out)

@@ -1,0 +1,197 @@
+"""The fused, row-chunked linear cross-entropy equals the plain loss (value, counts, every gradient)
+and keeps no [n, V] tensor for backward; the Medusa and EAGLE losses give the same results chunked."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from headway.heads import EagleHead, MedusaConfig, MedusaHeads
+from headway.heads.features import capture_features
+from headway.train.chunked import linear_cross_entropy
+from headway.train.eagle_losses import eagle1_loss, eagle3_loss
+from headway.train.losses import medusa_loss
+
+N, H, V = 11, 6, 17
+
+
+def _inputs(seed: int, frozen: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, H, generator=g, requires_grad=True)
+    w = torch.randn(V, H, generator=g).requires_grad_(not frozen)
+    labels = torch.randint(0, V, (N,), generator=g)
+    labels[[2, 7]] = -1  # outside the (draft) vocabulary: no loss, a miss
+    return x, w, labels
+
+
+def _reference_counts(logits, labels):
+    top = logits.topk(5, -1).indices  # [n, 5]
+    return int((top[:, 0] == labels).sum()), int((top == labels[:, None]).any(-1).sum())
+
+
+def _grads(loss, *tensors):
+    return torch.autograd.grad(loss, [t for t in tensors if t.requires_grad])
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+@pytest.mark.parametrize("frozen", [False, True])
+def test_hard_labels_match_cross_entropy(chunk, frozen):
+    x, w, labels = _inputs(0, frozen)
+    logits = x @ w.T
+    want = F.cross_entropy(logits, labels, reduction="sum", ignore_index=-1)
+    loss, top1, top5 = linear_cross_entropy(x, w, labels, chunk_size=chunk)
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-5)
+    assert (int(top1), int(top5)) == _reference_counts(logits.detach(), labels)
+    for got, ref in zip(_grads(2.5 * loss, x, w), _grads(2.5 * want, x, w)):
+        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert x.grad is None and (frozen or w.grad is None)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+@pytest.mark.parametrize("own_labels", [False, True])
+def test_soft_targets_match_soft_cross_entropy(chunk, own_labels):
+    x, w, labels = _inputs(1)
+    g = torch.Generator().manual_seed(2)
+    tx, tw = torch.randn(N, 3, generator=g), torch.randn(V, 3, generator=g)
+    learn = torch.rand(N, generator=g) > 0.3
+    p = (tx @ tw.T).softmax(-1)
+    logits = x @ w.T
+    want = -(p * logits.log_softmax(-1)).sum(-1)[learn].sum()
+    loss, top1, top5 = linear_cross_entropy(x, w, None if own_labels else labels, learn=learn, target=(tx, tw),
+                                            chunk_size=chunk)
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-5)
+    assert (int(top1), int(top5)) == _reference_counts(logits.detach(), p.argmax(-1) if own_labels else labels)
+    for got, ref in zip(_grads(loss, x, w), _grads(want, x, w)):
+        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_gradcheck_float64():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([0, 4, -1, 2, 2, 1, 3])
+    target = (torch.randn(7, 2, generator=g, dtype=torch.float64), torch.randn(5, 2, generator=g, dtype=torch.float64))
+    learn = torch.tensor([1, 1, 0, 1, 0, 1, 1], dtype=torch.bool)
+    assert torch.autograd.gradcheck(lambda a, b: linear_cross_entropy(a, b, labels, chunk_size=3)[0], (x, w))
+    assert torch.autograd.gradcheck(
+        lambda a, b: linear_cross_entropy(a, b, target=target, learn=learn, chunk_size=3)[0], (x, w))
+
+
+def _saved_numels(fn) -> list[int]:
+    """Sizes of every tensor autograd saves for backward while ``fn`` runs."""
+    sizes: list[int] = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sizes
+
+
+def test_backward_keeps_no_logits():
+    n, h, v = 64, 4, 200  # n * v dwarfs every input
+    x, w = torch.randn(n, h, requires_grad=True), torch.randn(v, h, requires_grad=True)
+    labels = torch.randint(0, v, (n,))
+    fused = _saved_numels(lambda: linear_cross_entropy(x, w, labels, chunk_size=16))
+    plain = _saved_numels(lambda: linear_cross_entropy(x, w, labels, chunk_size=0))
+    assert max(fused) == v * h and sum(fused) < 2 * v * h + 2 * n * h  # inputs and [n] row statistics only
+    assert max(plain) == n * v  # the plain path keeps the [n, V] log-softmax
+
+
+def test_negative_chunk_size_is_refused():
+    x, w, labels = _inputs(0)
+    with pytest.raises(ValueError, match="chunk_size must be >= 0"):
+        linear_cross_entropy(x, w, labels, chunk_size=-1)
+
+
+def test_zero3_partitioned_weight_goes_through_its_module():
+    """ZeRO-3 gathers a weight only in its module's forward: the loss then calls the module."""
+    lin = torch.nn.Linear(H, V, bias=False)
+    lin.weight.ds_id = 0  # how DeepSpeed ZeRO-3 marks a partitioned parameter
+    calls = []
+
+    def project(x):
+        calls.append(tuple(x.shape))
+        return lin(x)
+
+    x, _, labels = _inputs(0)
+    loss, _, _ = linear_cross_entropy(x, lin.weight, labels, project=project, chunk_size=4)
+    assert calls == [(N, H)]
+    torch.testing.assert_close(loss, F.cross_entropy(lin(x), labels, reduction="sum", ignore_index=-1))
+
+
+def _loss_and_grads(module, fn, chunk):
+    module.zero_grad(set_to_none=True)
+    loss, metrics = fn(chunk)
+    loss.backward()
+    grads = {k: p.grad.clone() for k, p in module.named_parameters() if p.grad is not None}
+    return loss.detach(), {k: float(v) for k, v in metrics.items()}, grads
+
+
+def _assert_same(a, b):
+    (la, ma, ga), (lb, mb, gb) = a, b
+    torch.testing.assert_close(la, lb, rtol=1e-6, atol=1e-6)
+    assert ma.keys() == mb.keys() and ga.keys() == gb.keys() and ga
+    for k in ma:
+        assert ma[k] == pytest.approx(mb[k], rel=1e-5, abs=1e-5), k
+    assert all(float(ma[k]) == float(mb[k]) for k in ma if not k.endswith("_sum"))  # counts: exact
+    for k in ga:
+        assert torch.allclose(ga[k], gb[k], rtol=1e-4, atol=1e-6), k
+
+
+@pytest.mark.parametrize("variant", ["full", "draft_vocab", "shared"])
+def test_medusa_loss_chunked_equals_plain(tiny_llama, variant):
+    target = tiny_llama[0]
+    vocab = target.config.vocab_size
+    cfg = MedusaConfig(num_heads=3, num_layers=1, share_lm_head=variant == "shared",
+                       draft_vocab_size=40 if variant == "draft_vocab" else None)
+    torch.manual_seed(0)
+    heads = MedusaHeads.from_target(target, cfg, draft_tokens=torch.arange(3, 43))
+    with torch.no_grad():
+        for p in heads.parameters():  # non-zero blocks so every weight matters
+            p.add_(torch.randn_like(p) * 0.1)
+    hidden = torch.randn(2, 9, 64)
+    ids = torch.randint(0, vocab, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    t2d = heads.target_to_draft()
+
+    def run(chunk):
+        return medusa_loss(heads, hidden, ids, mask, [1.0, 0.8, 0.64], t2d, chunk_size=chunk)
+
+    plain, fused = _loss_and_grads(heads, run, 0), _loss_and_grads(heads, run, 3)
+    _assert_same(plain, fused)
+    if variant == "draft_vocab":
+        assert any(int(c) >= 0 for c in t2d[ids.flatten()]) and bool((t2d[ids.flatten()] < 0).any())
+    assert ("lm_heads.0.weight" in fused[2]) == (variant != "shared")
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_eagle_losses_chunked_equal_plain(tiny_llama, version):
+    target = tiny_llama[0]
+    torch.manual_seed(version)
+    extra = {"draft_vocab_size": 60, "draft_tokens": torch.arange(5, 65)} if version == 3 else {}
+    head = EagleHead.from_target(target, version=version, **extra)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.05)
+    head.bind_target(target)
+    ids = torch.randint(5, 120, (2, 10))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    layers = head.config.feature_layers + [2] * (2 not in head.config.feature_layers)
+    with torch.no_grad():
+        feats, logits = capture_features(target, ids, layers, with_logits=True)
+    last = feats[..., -64:]
+    rows = head.draft_rows(target.lm_head.weight.detach()).float()
+    t2d = head.target_to_draft()
+
+    def run(chunk):
+        if version == 1:
+            return eagle1_loss(head, last, ids, mask, rows, t2d, noise=0.0, chunk_size=chunk)
+        return eagle3_loss(head, feats[..., :head.config.feature_width], last, ids, mask, rows, t2d,
+                           logits.argmax(-1), steps=3, chunk_size=chunk)
+
+    _assert_same(_loss_and_grads(head, run, 0), _loss_and_grads(head, run, 4))

@@ -1,0 +1,165 @@
+"""Fused linear cross-entropy: the loss of ``logits = x @ W.T`` without keeping [n, V] logits.
+
+The plain way (``F.linear`` then ``F.cross_entropy``) keeps each projection's [n, V] log-softmax
+alive until backward, so a loss over several heads or unrolled steps holds heads x [n, V] floats
+at its peak. Here a custom autograd function walks the rows in chunks: forward keeps only the
+per-row logsumexp [n] (and the counts), backward recomputes each chunk's logits and turns them
+into ``d_x`` and ``d_W`` at once. Peak memory is one chunk's [chunk, V] logits and their softmax
+whatever the number of heads, for one extra projection matmul in backward. Same idea as Liger
+Kernel's fused linear cross-entropy and Cut Cross-Entropy (Wijmans et al., 2024, arXiv:2411.09009).
+
+Two kinds of target, one row per token:
+- hard: ``labels`` [n] target indices; row loss ``logsumexp(l) - l[label]``;
+- soft: the distribution ``p = softmax(target_x @ target_W.T)`` (EAGLE's target distribution,
+  itself chunked and never differentiated); row loss ``-sum_v p_v log_softmax(l)_v``.
+Only rows marked ``learn`` carry loss; top-1 / top-k counts cover every row (a label outside
+``[0, V)`` is a miss), so they add up across micro-batches like the losses' other counts.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_CHUNK_SIZE = 512  # rows per chunk: [512, V] fp32 logits (~100 MB at V = 49152); 0 = unchunked
+
+
+def topk_counts(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, k: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    # logits: [N, V], labels: [N], mask: [N] bool -> (top-1 correct, top-k correct) counts
+    top = logits.topk(k, dim=-1).indices  # [N, k]
+    hit = top == labels[:, None]
+    return (hit[:, 0] & mask).sum(), (hit.any(-1) & mask).sum()
+
+
+def logits_cross_entropy(logits: torch.Tensor, labels: torch.Tensor | None, learn: torch.Tensor,
+                         target_logits: torch.Tensor | None = None, k: int = 5):
+    """The plain (unchunked) loss on materialised logits: (loss_sum [], top1 [], topk []).
+
+    logits: [n, V]; labels: [n] (None with soft targets: the target's argmax); learn: [n] bool;
+    target_logits: [n, V] soft targets' logits (no gradient) or None for hard labels."""
+    logits = logits.float()  # the loss in fp32 (as cross_entropy runs under autocast)
+    if target_logits is None:
+        ce = F.cross_entropy(logits, labels.masked_fill(~learn, -100), reduction="sum", ignore_index=-100)
+    else:
+        with torch.no_grad():
+            p = target_logits.float().softmax(-1)  # [n, V]
+            labels = p.argmax(-1) if labels is None else labels
+        ce = -(p * logits.log_softmax(-1)).sum(-1)[learn].sum()
+    with torch.no_grad():
+        top1, topk = topk_counts(logits, labels, torch.ones_like(learn), k=min(k, logits.shape[-1]))
+    return ce, top1, topk
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The matmul dtype autocast would pick for ``F.linear`` here (backward runs outside autocast)."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+def _chunk_logits(x: torch.Tensor, w: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    # x: [c, H], w: [V, H] (both in the compute dtype) -> [c, V] in the accumulation dtype
+    return F.linear(x.to(w.dtype), w).to(acc)
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """(x [n, H], W [V, H]) -> (loss_sum [], top1 [], topk []); saves x, W and [n] row stats only."""
+
+    @staticmethod
+    def forward(ctx, x, weight, labels, learn, target_x, target_weight, chunk_size: int, k: int):
+        dtype = _compute_dtype(x)
+        acc = torch.promote_types(dtype, torch.float32)  # softmax statistics in fp32 at least
+        n, soft = x.shape[0], target_x is not None
+        lse = x.new_empty(n, dtype=acc)  # [n] logsumexp of each row's logits
+        t_lse = x.new_empty(n, dtype=acc) if soft else None  # [n] the same for the soft targets
+        own_labels = labels is None  # soft targets: count against the target's own argmax
+        if own_labels:
+            labels = torch.empty(n, dtype=torch.long, device=x.device)
+        loss = x.new_zeros((), dtype=acc)
+        top1 = topk = torch.zeros((), dtype=torch.long, device=x.device)
+        with torch.autocast(x.device.type, enabled=False):
+            w = weight.to(dtype)
+            tw = target_weight.to(dtype) if soft else None
+            for s in range(0, n, chunk_size):
+                e = min(s + chunk_size, n)
+                logits = _chunk_logits(x[s:e], w, acc)  # [c, V]
+                lse[s:e] = logits.logsumexp(-1)
+                if soft:
+                    t = _chunk_logits(target_x[s:e], tw, acc)  # [c, V] the target's logits
+                    t_lse[s:e] = t.logsumexp(-1)
+                    if own_labels:
+                        labels[s:e] = t.argmax(-1)
+                    p = t.sub_(t_lse[s:e, None]).exp_()  # [c, V] in place: one chunk-sized buffer fewer
+                    row = lse[s:e] - p.mul_(logits).sum(-1)  # [c]: sum(p) = 1
+                else:
+                    row = lse[s:e] - logits.gather(1, labels[s:e].clamp(0, logits.shape[1] - 1)[:, None])[:, 0]
+                loss = loss + row[learn[s:e]].sum()
+                h1, hk = topk_counts(logits, labels[s:e], torch.ones_like(learn[s:e]), k=min(k, logits.shape[1]))
+                top1, topk = top1 + h1, topk + hk
+        ctx.save_for_backward(x, weight, labels, learn, target_x, target_weight, lse, t_lse)
+        ctx.chunk_size, ctx.dtype = chunk_size, dtype
+        ctx.mark_non_differentiable(top1, topk)
+        return loss, top1, topk
+
+    @staticmethod
+    def backward(ctx, grad_loss, _g1, _gk):
+        x, weight, labels, learn, target_x, target_weight, lse, t_lse = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[:2]
+        dtype, acc, n = ctx.dtype, lse.dtype, x.shape[0]
+        dx = torch.empty_like(x) if need_x else None  # [n, H]
+        dw = weight.new_zeros(weight.shape, dtype=acc) if need_w else None  # [V, H] summed over chunks
+        scale = learn.to(acc) * grad_loss.to(acc)  # [n]: d loss_sum / d row loss
+        with torch.autocast(x.device.type, enabled=False):
+            w = weight.to(dtype)
+            tw = target_weight.to(dtype) if target_x is not None else None
+            for s in range(0, n, ctx.chunk_size):
+                e = min(s + ctx.chunk_size, n)
+                d = _chunk_logits(x[s:e], w, acc).sub_(lse[s:e, None]).exp_()  # [c, V] softmax q, in place
+                if target_x is None:  # d row / d logits = q - onehot(label)
+                    d.scatter_add_(1, labels[s:e].clamp(0, d.shape[1] - 1)[:, None], d.new_full((e - s, 1), -1.0))
+                else:  # = q - p
+                    d.sub_(_chunk_logits(target_x[s:e], tw, acc).sub_(t_lse[s:e, None]).exp_())
+                d = d.mul_(scale[s:e, None]).to(dtype)  # [c, V]
+                if need_x:
+                    dx[s:e] = (d @ w).to(x.dtype)
+                if need_w and dtype == acc:
+                    dw.addmm_(d.T, x[s:e].to(dtype))  # in place: no [V, H] temporary
+                elif need_w:
+                    dw += (d.T @ x[s:e].to(dtype)).to(acc)
+        return dx, (dw.to(weight.dtype) if need_w else None), None, None, None, None, None, None
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor | None = None, *,
+                         learn: torch.Tensor | None = None, target: tuple[torch.Tensor, torch.Tensor] | None = None,
+                         project: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                         chunk_size: int = DEFAULT_CHUNK_SIZE, k: int = 5):
+    """Summed cross-entropy of ``x @ weight.T`` and its top-1 / top-k counts, chunked over rows.
+
+    x: [n, H]; weight: [V, H] (trainable or frozen); labels: [n] the target index per row, used for
+    the hard loss and the counts (-1: not in the vocabulary, a miss); with soft targets labels
+    only feed the counts (None: the target's own argmax). learn: [n] bool rows that carry loss
+    (default: labels >= 0 for hard targets, every row for soft ones). target: (target_x [n, H_t],
+    target_weight [V, H_t]) for soft targets softmax(target_x @ target_weight.T), never
+    differentiated. project: the module's own ``x -> logits`` for the unchunked path (default
+    ``F.linear(x, weight)``). chunk_size: rows per chunk; 0 keeps the whole [n, V] logits for
+    autograd (the plain path, for reference and measurement).
+    Returns (loss_sum [] fp32, top1 [] long, topk [] long).
+    """
+    if chunk_size < 0:
+        raise ValueError(f"chunk_size must be >= 0 (0: unchunked), got {chunk_size}")
+    if target is None and labels is None:
+        raise ValueError("linear_cross_entropy needs labels for hard targets (or target=(x, W) for soft ones)")
+    if learn is None:
+        learn = labels >= 0 if target is None else torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    # ZeRO-3 gathers a parameter only inside its own module's forward: there use the module itself
+    partitioned = hasattr(weight, "ds_id")
+    if chunk_size == 0 or partitioned:
+        logits = project(x) if project is not None else F.linear(x, weight.to(x.dtype))
+        t_logits = None
+        if target is not None:
+            with torch.no_grad():
+                t_logits = F.linear(target[0], target[1].to(target[0].dtype))
+        return logits_cross_entropy(logits, labels, learn, t_logits, k)
+    tx, tw = (target[0].detach(), target[1].detach()) if target is not None else (None, None)
+    return _FusedLinearCrossEntropy.apply(x, weight, labels, learn, tx, tw, chunk_size, k)
