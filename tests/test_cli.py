@@ -4,14 +4,12 @@ installed wheel (a fresh venv, as tests/test_packaging.py builds it), on tiny mo
 import json
 import os
 import subprocess
-import sys
-import sysconfig
-import venv
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from wheel_utils import install_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "hello how are you today ? i like the weather and i like the food"
@@ -22,19 +20,7 @@ COMMANDS = ("train", "generate", "bench", "convert", "push", "info")
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """A fresh venv with the headway wheel installed; dependencies come from this environment."""
-    base = tmp_path_factory.mktemp("cli-venv")
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
-                          "-w", str(base / "dist"), "-q"], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    (wheel,) = (base / "dist").glob("headway-*.whl")
-    env_dir = base / "venv"
-    venv.create(env_dir, with_pip=True)
-    py = env_dir / "bin" / "python"
-    res = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True).stdout.strip()
-    (Path(site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _, env_dir = install_wheel(tmp_path_factory.mktemp("cli-venv"))
     assert (env_dir / "bin" / "headway").is_file(), "the wheel installed no headway console script"
     return env_dir
 

@@ -182,6 +182,7 @@ def test_module_and_path_entry_points(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted(tmp_path):
     """SIGKILL mid-run, rerun the same command: final weights equal an uninterrupted run's."""
     steps = ["train.max_steps=60", "train.save_every=10"]

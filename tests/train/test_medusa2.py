@@ -144,6 +144,7 @@ def _launch(out, *overrides):
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted(tmp_path, run):
     """SIGKILL in the joint stage, rerun: heads and adapter equal the uninterrupted run's."""
     out = tmp_path / "killed"

@@ -54,6 +54,7 @@ def _launch(out, *overrides, module=True):
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow  # kill-and-resume in every distributed mode: tests/train/test_distributed.py (slow too)
 def test_kill_and_resume_equals_uninterrupted(tmp_path):
     """SIGKILL mid-run, rerun the same command: final weights equal an uninterrupted run's."""
     steps = ["train.epochs=6", "train.save_every=10"]
