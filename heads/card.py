@@ -45,11 +45,11 @@ def model_card(folder, *, repo_id: str | None = None, config: dict | None = None
                            metrics if metrics is not None else _read_optional(folder / EVAL_METRICS_NAME),
                            run=_read_optional(folder / RUN_CONFIG_NAME),
                            benchmark=_read_optional(folder / BENCHMARK_NAME),
-                           source=repo_id or str(folder))
+                           source=repo_id or str(folder), adapter=(folder / "adapter" / "adapter_config.json").is_file())
 
 
 def model_card_text(config: dict, metrics: dict | None = None, *, run: dict | None = None,
-                    benchmark: dict | None = None, source: str = "<this folder or repo id>") -> str:
+                    benchmark: dict | None = None, source: str = "<this folder or repo id>", adapter: bool = False) -> str:
     """The card from a drafter's ``config.json`` dict, its held-out ``metrics``, its training
     ``run`` config and a ``benchmark`` record; ``source``: the folder or repo id to load from."""
     target = config.get("base_model_name_or_path") or (run or {}).get("model")
@@ -58,6 +58,10 @@ def model_card_text(config: dict, metrics: dict | None = None, *, run: dict | No
              f"# {_TITLES.get(kind, kind)} drafter for {target or 'its target'}", "",
              "A speculative-decoding drafter trained with [headway](https://pypi.org/project/headway/). It proposes "
              "tokens that the target verifies, so generation is lossless: the output is exactly the target's.", ""]
+    if adapter:
+        lines += ["These Medusa-2 heads were tuned jointly with the LoRA adapter in `adapter/` (peft's format): "
+                  "run them against the tuned target, `load_target(target, adapter=\"<local copy>/adapter\")`. "
+                  "Generation is then exactly the tuned target's, not the original model's.", ""]
     lines += _training_section(target, run, metrics, benchmark)
     lines += _usage_section(target, source)
     lines += _serving_section(config, target, source, kind)

@@ -25,6 +25,7 @@ from headway.heads.card import BENCHMARK_NAME, EVAL_METRICS_NAME, RUN_CONFIG_NAM
 CARD_NAME = "README.md"
 LOADER_FILES = (CONFIG_NAME, WEIGHTS_NAME)  # what load_drafter reads
 METRIC_FILES = (EVAL_METRICS_NAME, RUN_CONFIG_NAME, "metrics.jsonl", BENCHMARK_NAME)  # uploaded when present
+ADAPTER_FILES = ("adapter/adapter_config.json", "adapter/adapter_model.safetensors")  # Medusa-2: the tuned target's LoRA
 _REPO_ID = re.compile(r"[^/\s]+/[^/\s]+")
 
 
@@ -59,7 +60,7 @@ def upload_plan(folder: Path, repo_id: str | None = None) -> dict[str, Path | by
     """``{path in repo: file or bytes}``: the loader's files, a fresh model card, the metrics present."""
     files: dict[str, Path | bytes] = {name: folder / name for name in LOADER_FILES}
     files[CARD_NAME] = model_card(folder, repo_id=repo_id).encode()
-    files.update({name: folder / name for name in METRIC_FILES if (folder / name).is_file()})
+    files.update({name: folder / name for name in METRIC_FILES + ADAPTER_FILES if (folder / name).is_file()})
     return files
 
 

@@ -81,7 +81,10 @@ class DraftModelDrafter(Drafter):
             else None
         param = next(self.model.parameters())
         device, dtype = next(target_model.parameters()).device, target_model.dtype
-        if param.device != device or (param.is_floating_point() and param.dtype != dtype):
+        if getattr(self.model, "is_quantized", False):  # a quantized draft keeps its own weights
+            if param.device != device:
+                self.model.to(device)
+        elif param.device != device or (param.is_floating_point() and param.dtype != dtype):
             self.model.to(device=device, dtype=dtype)
 
     def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:

@@ -168,7 +168,7 @@ class SpeculativeGenerator:
             sync()
             stats.time_prefill = time.perf_counter() - t0
             if streamer is not None:
-                streamer.put(prompt.cpu())
+                streamer.put(prompt[None].cpu())  # [1, T], as generate sends it
 
             while stats.new_tokens < max_new_tokens:
                 budget = max_new_tokens - stats.new_tokens
@@ -197,7 +197,7 @@ class SpeculativeGenerator:
                 length += len(new)
                 stats.new_tokens += len(new)
                 if streamer is not None:
-                    streamer.put(seq[length - len(new):length].cpu())
+                    streamer.put(seq[length - len(new):length][None].cpu())  # [1, accepted + 1]
                 stats.target_forward_passes += 1
                 stats.accepted_per_step.append(len(new))
                 stats.draft_depth_per_step.append(draft.tree.depth)

@@ -28,7 +28,7 @@ PURE = (lp.SequenceBiasLogitsProcessor, lp.EncoderRepetitionPenaltyLogitsProcess
         lp.NoRepeatNGramLogitsProcessor, lp.EncoderNoRepeatNGramLogitsProcessor, lp.NoBadWordsLogitsProcessor,
         lp.MinLengthLogitsProcessor, lp.MinNewTokensLengthLogitsProcessor, lp.ForcedBOSTokenLogitsProcessor,
         lp.ForcedEOSTokenLogitsProcessor, lp.InfNanRemoveLogitsProcessor, lp.ExponentialDecayLengthPenalty,
-        lp.SuppressTokensLogitsProcessor, lp.SuppressTokensAtBeginLogitsProcessor)
+        lp.SuppressTokensLogitsProcessor, lp.SuppressTokensAtBeginLogitsProcessor, lp.LogitNormalization)
 
 # generation-config fields that headway cannot honour exactly, with what they are at rest
 UNSUPPORTED = {
@@ -81,15 +81,15 @@ def prepare_generation(model, prompt: torch.Tensor, max_new_tokens: int, samplin
     if config.min_new_tokens is not None:
         config.min_length = config.min_new_tokens + length
     config.do_sample = False  # warpers: headway's own temperature / top-k / top-p, applied after these
-    model._prepare_special_tokens(config, False, device=prompt.device)
+    model._prepare_special_tokens(config, None, device=prompt.device, batch_size=1)
     processors = model._get_logits_processor(config, input_ids_seq_length=length, encoder_input_ids=prompt[None],
                                              logits_processor=logits_processor or LogitsProcessorList(),
                                              device=prompt.device, model_kwargs={})
     own = {id(p) for p in (logits_processor or [])}  # the user's own: documented to be called per node
     for proc in processors:
         if id(proc) not in own and not isinstance(proc, PURE):
-            raise ValueError(f"the generation config asks for {type(proc).__name__}, which headway cannot apply "
-                             "exactly per tree node; remove that setting")
+            raise ValueError(f"a generation setting asks for transformers' {type(proc).__name__}, which headway cannot "
+                             "apply exactly per tree node; remove that setting from generation_config or the arguments")
     eos = config.eos_token_id
     eos = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
     return GenerationSetup(processors, eos)

@@ -34,7 +34,8 @@ def child(mode: str, folder: str, rank: int, world: int) -> None:
     base = vm_hwm_mib()
     train = Path(folder) / "train"
     if mode == "eager":
-        shards = [load_file(str(p)) for p in sorted(train.glob("shard-*.safetensors"))]
+        # materialised in RAM, as the pre-lazy loader held them (load_file alone only maps the file)
+        shards = [{k: v.clone() for k, v in load_file(str(p)).items()} for p in sorted(train.glob("shard-*.safetensors"))]
         total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
     data = load_cached_features(train)
     rows = 0

@@ -627,6 +627,9 @@ def load_cached_features(out_dir: str | Path, expect_meta: dict | None = None, e
         if diff:
             raise ValueError(f"feature cache {out_dir} was made for another target or tokenizer: {diff}; {_RECREATE}")
     store = _ShardStore(out_dir, index)
+    if index.get("num_sequences") is not None and len(store) != index["num_sequences"]:
+        raise ValueError(f"feature cache {out_dir}: its shards hold {len(store)} sequences but its index lists "
+                         f"{index['num_sequences']} (a shard is missing from the index or was replaced); {_RECREATE}")
     if layers is None and expect_fingerprint is not None and expect_fingerprint.get("layers") is not None:
         layers = expect_fingerprint["layers"]
     return CachedFeatures(store, layers=None if layers is None else _select_layers(store, layers))

@@ -32,7 +32,7 @@ METRICS_NAME = "metrics.jsonl"
 # Fields that may differ when a run is resumed (they do not change what is trained).
 # The world size is checked against each checkpoint instead (a DDP run may resume with another).
 _RESUMABLE_DIFFS = {"overwrite", "resume", "log_every", "eval_every", "save_every", "keep_checkpoints", "trackers",
-                    "num_processes"}
+                    "num_processes", "train_sequences", "heldout_sequences"}
 
 
 @dataclasses.dataclass
@@ -92,7 +92,7 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
 
     Gradient accumulation goes through accelerate (``accumulate``), so DeepSpeed's engine steps
     once per optimizer step. FSDP needs GPUs: on CPU accelerate would silently train without it,
-    so it is refused.
+    so it is refused (on GPUs too, until the loop's clipping, evaluation and export handle it).
     """
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -101,9 +101,10 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     on_cpu = not torch.cuda.is_available()
     deepspeed = _env_flag("ACCELERATE_USE_DEEPSPEED")
-    if _env_flag("ACCELERATE_USE_FSDP") and on_cpu:
-        raise ValueError("accelerate's FSDP needs GPUs (on CPU it would not shard); on CPU launch with DeepSpeed "
-                         "ZeRO-3 (--config_file configs/accelerate/cpu-zero3-2.yaml) or DDP instead")
+    if _env_flag("ACCELERATE_USE_FSDP"):
+        raise ValueError("headway's training loop does not support FSDP yet (its clipping, evaluation and export are "
+                         "not FSDP-aware); shard with DeepSpeed ZeRO-3 instead (configs/accelerate/gpu-zero3.yaml, "
+                         "or cpu-zero3-2.yaml on a CPU)")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     handlers = [InitProcessGroupKwargs(backend="gloo")] if on_cpu and world > 1 else []
     acc = Accelerator(cpu=on_cpu and not deepspeed, mixed_precision=mp, log_with=cfg.trackers or None,
@@ -123,8 +124,7 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     return acc
 
 
-SUPPORTED = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.DEEPSPEED,
-             DistributedType.FSDP)
+SUPPORTED = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.DEEPSPEED)
 
 
 def fill_deepspeed_config(ds: dict, cfg: TrainConfig, processes: int, mixed_precision: str) -> None:
@@ -401,7 +401,8 @@ def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, 
         return
     ckpt.save_checkpoint(root, step, model_state=None, optimizer=None, loop_state=loop_state, rank=acc.process_index,
                          is_main=acc.is_main_process, keep=keep, barrier=acc.wait_for_everyone,
-                         write_state=lambda tmp: acc.save_state(str(tmp / "engine"), safe_serialization=True))
+                         write_state=lambda tmp: acc.save_state(str(tmp / "engine"), safe_serialization=True,
+                                                                exclude_frozen_parameters=True))
 
 
 def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: bool) -> int:
@@ -409,16 +410,16 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
     same world size and engine; a DDP one holds the whole state and resumes with any world size."""
     state = ckpt.load_state_json(path)
     world, kind = state.get("world_size"), state.get("distributed_type")
-    if state.get("sharded", False) != sharded or (sharded and (world, kind) != (acc.num_processes, str(acc.distributed_type))):
-        raise ValueError(f"{path} was written by {world} process(es) under {kind} and this launch has "
-                         f"{acc.num_processes} under {acc.distributed_type}: a sharded optimizer state cannot be "
-                         f"resharded here; relaunch with the same mode and --num_processes {world}, or pass "
+    if state.get("sharded", False) != sharded or (sharded and kind != str(acc.distributed_type)):
+        raise ValueError(f"{path} was written under {kind} and this launch runs {acc.distributed_type}: a checkpoint "
+                         "resumes only under the engine that wrote it; relaunch in that mode, or pass "
                          "train.overwrite=true to start over")
-    if world is not None and world != acc.num_processes:
-        acc.print(f"note: {path} was written by {world} process(es); resuming with {acc.num_processes} "
-                  "(DDP checkpoints hold the whole state; the data order from here follows the new world size)")
+    if sharded and world != acc.num_processes:
+        raise ValueError(f"{path} was written by {world} process(es) and this launch has {acc.num_processes}: a "
+                         f"sharded optimizer state cannot be resharded here; relaunch with --num_processes {world}, "
+                         "or pass train.overwrite=true to start over")
     if sharded:
-        acc.load_state(str(path / "engine"))
+        acc.load_state(str(path / "engine"), load_module_strict=False)  # frozen weights are not in it
     else:
         saved = ckpt.load_checkpoint(path, acc.process_index)
         model.load_state_dict({**model.state_dict(), **saved["model"]})
@@ -427,7 +428,16 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
         if saved["rng"] is not None:
             torch.set_rng_state(saved["rng"])
     scheduler.load_state_dict(state["scheduler"])
-    return state["step"]
+    step = state["step"]
+    if world is not None and world != acc.num_processes:
+        # keep the examples already seen: the global batch scales with the world size
+        step = step * world // acc.num_processes
+        scheduler.last_epoch = step
+        for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(step)
+        acc.print(f"note: {path} was written by {world} process(es) at step {state['step']}; resuming with "
+                  f"{acc.num_processes} at step {step} (the same examples seen; DDP checkpoints hold the whole state)")
+    return step
 
 
 def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -292,3 +292,20 @@ def test_default_alias_license_is_the_gguf_metadata():
     assert bytes(field.parts[field.data[0]]).decode() == ALIAS_LICENSES["smollm2-135m"]
     meta = ModelCard(model_card_text({"drafter_type": "medusa", "base_model_name_or_path": "smollm2-135m"})).data
     assert (meta.base_model, meta.license) == ("HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0")
+
+
+def test_medusa2_push_carries_its_adapter(tmp_path, fake_hub):
+    """A Medusa-2 run's LoRA adapter goes up with the heads (they are useless without it), and the card says so."""
+    from headway.heads.hub import push
+
+    folder = training_folder(tmp_path / "m2", tiny_heads(5))
+    (folder / "adapter").mkdir()
+    (folder / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    (folder / "adapter" / "adapter_model.safetensors").write_bytes(b"lora")
+    (folder / "merged").mkdir()
+    (folder / "merged" / "model.safetensors").write_bytes(b"big")
+    push(str(folder), "me/m2-heads")
+    files = fake_hub["commits"][-1]["files"]
+    assert files["adapter/adapter_model.safetensors"] == b"lora" and "adapter/adapter_config.json" in files
+    assert not any(name.startswith(("merged/", "checkpoints/")) for name in files)
+    assert b"adapter/" in files["README.md"] and b"tuned target" in files["README.md"]

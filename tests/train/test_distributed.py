@@ -4,8 +4,8 @@ DDP, DeepSpeed ZeRO-2 and ZeRO-3 train the tiny Medusa and EAGLE-3 configs; each
 process count, distributed type and every rank's parameter fingerprint (distributed.json), and the
 ZeRO runs end within float tolerance of the DDP run's exported weights. Kill-and-resume under
 ZeRO reaches the uninterrupted run's weights; a sharded checkpoint refuses another world size; two
-`accelerate launch` commands with num_machines 2 form one job over loopback; FSDP on CPU is
-refused with a one-line error. (The first DeepSpeed start compiles a small op, ~60 s, cached.)
+`accelerate launch` commands with num_machines 2 form one job over loopback; FSDP is refused
+with a one-line error (the loop does not support it yet). (The first DeepSpeed start compiles a small op, ~60 s, cached.)
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ def test_ddp_checkpoint_resumes_with_another_world_size(tmp_path):
     out, steps = tmp_path / "run", ["train.max_steps=24", "train.save_every=6"]
     kill_at(launch("medusa", "ddp", out, *steps), out / "checkpoints", "step-0000006")
     log = finish(launch("medusa", "ddp", out, *steps, processes=1))
-    assert "was written by 2 process(es); resuming with 1" in log and (out / "model.safetensors").is_file()
+    assert "was written by 2 process(es) at step 6; resuming with 1 at step 12" in log
+    assert (out / "model.safetensors").is_file()
 
 
 def test_two_machines_on_loopback_form_one_job(tmp_path):
@@ -160,4 +161,4 @@ def test_fsdp_on_cpu_is_refused(tmp_path):
            str(CONFIGS["medusa"]), f"train.output_dir={tmp_path / 'fsdp'}", *STEPS]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode != 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "error: accelerate's FSDP needs GPUs" in res.stderr
+    assert "error: headway's training loop does not support FSDP yet" in res.stderr

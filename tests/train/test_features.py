@@ -279,6 +279,11 @@ def test_incomplete_old_or_corrupt_caches_are_refused(target, tmp_path):
     assert "\n" not in str(info.value)
     _make(target, out, layers=[2], shard_size=3)  # an unreadable shard is written again on resume
     assert len(load_cached_features(out)) == 7
+    index = json.loads((out / "index.json").read_text())
+    (out / "index.json").write_text(json.dumps({**index, "shards": index["shards"][:-1]}))
+    with pytest.raises(ValueError, match="shards hold 6 sequences but its index lists 7"):
+        load_cached_features(out)
+    (out / "index.json").write_text(json.dumps(index))
     with pytest.raises(FileNotFoundError, match="not a feature cache"):
         load_cached_features(tmp_path / "nothing")
 
