@@ -22,10 +22,11 @@ from headway.inference.drafter import Draft, DraftContext, Drafter, root_only
 from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
 from headway.inference.tree import Tree
 
-# EAGLE-2's settings scaled to a CPU, where a verification of 8 tokens costs ~1.8 plain steps and
-# of 16 ~2.3 (PERFORMANCE.md), and each draft level ~0.05-0.1 of one: 4 levels, 8 nodes. On GPUs
+# EAGLE-2's settings scaled to a CPU, where a verification of 8 tokens costs ~1.8-2 plain steps and
+# of 16 ~2.3 (PERFORMANCE.md), and each dynamic draft level ~0.15 of one: 3 levels of top-4, 7
+# nodes (measured against depth 4 / 8 nodes in BENCHMARKS.md: same tau, 0.92x vs 0.85x). On GPUs
 # the paper's depth 6 / top_k 10 / total 60 are the usual choice.
-CPU_DYNAMIC = DynamicTree(depth=4, top_k=4, total_tokens=8)
+CPU_DYNAMIC = DynamicTree(depth=3, top_k=4, total_tokens=7)
 GPU_DYNAMIC = DynamicTree(depth=6, top_k=10, total_tokens=60)
 
 
