@@ -91,8 +91,8 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     """An Accelerator that really synchronises: gloo DDP or DeepSpeed ZeRO on CPU, NCCL on GPUs.
 
     Gradient accumulation goes through accelerate (``accumulate``), so DeepSpeed's engine steps
-    once per optimizer step. FSDP needs GPUs: on CPU accelerate would silently train without it,
-    so it is refused (on GPUs too, until the loop's clipping, evaluation and export handle it).
+    once per optimizer step. FSDP is refused: the loop's clipping, evaluation and export do not
+    handle it yet (and on a CPU accelerate would silently train without it).
     """
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -309,7 +309,7 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
 
         for p in params:
             register_external_parameter(unwrapped, p)
-    sharded = acc.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+    sharded = acc.distributed_type == DistributedType.DEEPSPEED  # the only sharded engine make_accelerator allows
 
     step = 0
     last = ckpt.checkpoint_dirs(out / "checkpoints")
@@ -338,8 +338,9 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
             first = ((in_epoch * cfg.grad_accum + micro) * acc.num_processes + acc.process_index) * cfg.batch_size
             batch = pad_batch([train_data[i] for i in order[first:first + cfg.batch_size].tolist()])
             batch = {k: v.to(acc.device) for k, v in batch.items()}
-            tokens += int(batch["attention_mask"].sum())
-            train_tokens += int(batch["attention_mask"].sum())
+            n_tokens = int(batch["attention_mask"].sum())
+            tokens += n_tokens
+            train_tokens += n_tokens
             # accelerate syncs (DDP) / steps (DeepSpeed's engine) on the last micro-step only and
             # scales the loss by 1 / grad_accum itself
             with acc.accumulate(model):
@@ -388,14 +389,14 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
 
 
 def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, sharded: bool, keep: int) -> None:
-    """An atomic checkpoint. DDP: safetensors (rank 0 holds the whole state). DeepSpeed/FSDP: the
+    """An atomic checkpoint. DDP: safetensors (rank 0 holds the whole state). DeepSpeed: the
     optimizer state is sharded, so every rank writes its shard through ``accelerate.save_state``
     (the engine's own format; needs a filesystem every node shares)."""
     loop_state = {"step": step, "scheduler": scheduler.state_dict(), "world_size": acc.num_processes,
                   "distributed_type": str(acc.distributed_type), "sharded": sharded}
     if not sharded:
         ckpt.save_checkpoint(root, step, model_state=_trainable_state(model),
-                             optimizer=optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer,
+                             optimizer=_torch_optimizer(optimizer),
                              loop_state=loop_state, rank=acc.process_index, is_main=acc.is_main_process,
                              keep=keep, barrier=acc.wait_for_everyone)
         return
@@ -423,8 +424,7 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
     else:
         saved = ckpt.load_checkpoint(path, acc.process_index)
         model.load_state_dict({**model.state_dict(), **saved["model"]})
-        ckpt.optimizer_from_flat(optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer,
-                                 saved["optimizer"], saved["optimizer_meta"])
+        ckpt.optimizer_from_flat(_torch_optimizer(optimizer), saved["optimizer"], saved["optimizer_meta"])
         if saved["rng"] is not None:
             torch.set_rng_state(saved["rng"])
     scheduler.load_state_dict(state["scheduler"])
@@ -438,6 +438,11 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
         acc.print(f"note: {path} was written by {world} process(es) at step {state['step']}; resuming with "
                   f"{acc.num_processes} at step {step} (the same examples seen; DDP checkpoints hold the whole state)")
     return step
+
+
+def _torch_optimizer(optimizer):
+    """The torch optimizer inside accelerate's wrapper (or the optimizer itself)."""
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
