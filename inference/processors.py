@@ -21,7 +21,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation import logits_process as lp
 
-from headway.inference.tree import Tree
+from headway.inference.tree import Tree, node_path
 
 # processors that are pure functions of (input_ids, scores): safe to call per node, many times per position
 PURE = (lp.SequenceBiasLogitsProcessor, lp.EncoderRepetitionPenaltyLogitsProcessor, lp.RepetitionPenaltyLogitsProcessor,
@@ -101,17 +101,9 @@ def node_contexts(prefix: torch.Tensor, tree: Tree, tokens: torch.Tensor, nodes:
 
     prefix: [L]; tokens: [N] node tokens; nodes: R nodes of one depth d -> [R, L + d].
     """
-    paths = [tree.cached(("path", n), lambda n=n: _path(tree, n)) for n in nodes]  # R x [d]
+    paths = [tree.cached(("path", n), lambda n=n: node_path(tree.parents, n)[1:]) for n in nodes]  # R x [d]
     below = tokens[torch.tensor(paths, dtype=torch.long, device=tokens.device)]  # [R, d]
     return torch.cat([prefix.expand(len(nodes), -1), below], dim=1)
-
-
-def _path(tree: Tree, node: int) -> list[int]:
-    path = []
-    while node > 0:
-        path.append(node)
-        node = tree.parents[node]
-    return path[::-1]
 
 
 def apply_processors(processors: LogitsProcessorList, prefix: torch.Tensor, tree: Tree, tokens: torch.Tensor,
