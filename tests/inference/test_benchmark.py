@@ -30,3 +30,19 @@ def test_copy_prompts_mix_the_kinds_in_turn(monkeypatch):
 def test_misspell_swaps_letters_of_every_nth_long_word():
     text = "seven longer words appear inside this sentence today"
     assert bench_prompts.misspell(text, every=3, seed=0) == "seven longer wodrs appear inside this sentnece today"
+
+
+@pytest.mark.parametrize("flag, dtype", [([], None), (["--dtype", "float32"], "float32"), (["--dtype", "bfloat16"], "bfloat16")])
+def test_dtype_flag_reaches_the_target_loader(monkeypatch, flag, dtype):
+    import torch
+
+    seen = {}
+
+    def fake_load_target(name, dtype=None, **kw):
+        seen["dtype"] = dtype
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(benchmark, "load_target", fake_load_target)
+    with pytest.raises(RuntimeError, match="stop here"):
+        benchmark.main(["--methods", "lookup", *flag])
+    assert seen["dtype"] == (getattr(torch, dtype) if dtype else None)
