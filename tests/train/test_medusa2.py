@@ -183,3 +183,31 @@ def test_every_medusa2_config_loads(path):
     assert cfg.features == "online" and cfg.train.output_dir and cfg.lora.target_modules
     assert not (cfg.lora.train_lm_head and cfg.heads.share_lm_head)
     assert cfg.loss.weight(cfg.loss.stage1_steps + max(cfg.loss.lambda_warmup_steps, 1) - 1) == cfg.loss.lambda_max
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_sampled_wiring_against_the_tuned_target(run, merge, monkeypatch):
+    """Sampling with the jointly tuned target (merged, and as a live PeftModel): at every verified
+    node p is the tuned target's own processed distribution after that node's context (a plain
+    forward), the candidates are the heads' top-k on its hidden state, and the output is what the
+    rounds accepted (the same exact wiring check as every other drafter; float64 so tolerances are tight)."""
+    sys.path.insert(0, str(ROOT / "tests" / "inference"))
+    from spec_utils import SETTINGS, VerifyRecorder, WiringCase, check_wiring, medusa_check
+
+    out = run["out"]
+    tuned, tok = load_target("tiny-random-llama", device="cpu", adapter=out / "adapter", merge=merge)
+    tuned, heads = tuned.double(), load_drafter(out).double()
+    case = WiringCase(heads, check_draft=medusa_check(tuned, heads))
+    prompt = _prompt(tok, "do you like to play music with your friend ?")[0].tolist()
+    recorder = VerifyRecorder(monkeypatch)
+    gen = SpeculativeGenerator(tuned, heads)
+    g = torch.Generator().manual_seed(0)
+    rounds = 0
+    for params in SETTINGS.values():
+        for _ in range(2):
+            res = gen.generate(torch.tensor([prompt]), max_new_tokens=10, temperature=params.temperature,
+                               top_k=params.top_k, top_p=params.top_p, generator=g, eos_token_id=None)
+            calls = recorder.take()
+            check_wiring(tuned, case, gen.tree, prompt, params, 10, calls, res)
+            rounds += len(calls)
+    assert rounds >= 8
