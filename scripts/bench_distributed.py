@@ -1,13 +1,13 @@
 """Tokens/s and peak memory per process of every distributed mode, side by side (2 processes, CPU/gloo).
 
-    python scripts/bench_distributed.py [--runs tiny,default] [--modes ddp,zero2,zero3] [--steps 12]
+    python scripts/bench_distributed.py [--runs tiny,default] [--modes ddp,zero2,zero3,fsdp] [--steps 12]
                                         [--data ~/.cache/headway/data/smollm2-135m-selfdistill-240x96.jsonl]
 
 Each (run, mode) is one real `accelerate launch` of train/medusa.py with 2 processes; the loop
 records every rank's peak RSS and the run's training tokens/s in distributed.json, which this
 script reads and prints. "tiny" is configs/medusa/tiny.yaml; "default" is the SmolLM2-135M config
-with online features on the given self-distilled data. FSDP is not measured on a CPU (headway
-refuses it there; see scripts/gpu_check.sh for GPUs).
+with online features on the given self-distilled data. FSDP is accelerate's FSDP config, which
+headway runs with torch's FSDP2 on CPUs too.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ MODES = {
     "ddp": ["--multi_gpu"],
     "zero2": ["--use_deepspeed", "--deepspeed_config_file", str(ROOT / "configs" / "deepspeed" / "zero2.json")],
     "zero3": ["--use_deepspeed", "--deepspeed_config_file", str(ROOT / "configs" / "deepspeed" / "zero3.json")],
+    "fsdp": ["--config_file", str(ROOT / "configs" / "accelerate" / "cpu-fsdp-2.yaml")],
 }
 
 
@@ -49,7 +50,7 @@ def launch(run: str, mode: str, steps: int, out: Path, data: str | None, port: i
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", default="tiny,default")
-    p.add_argument("--modes", default="ddp,zero2,zero3")
+    p.add_argument("--modes", default="ddp,zero2,zero3,fsdp")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--data", help="self-distilled JSONL for the default run (default: data.source=default)")
     args = p.parse_args(argv)

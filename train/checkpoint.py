@@ -65,6 +65,14 @@ def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, tor
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
+def write_model_and_optimizer(folder: Path, model_state: dict[str, torch.Tensor], opt_tensors: dict[str, torch.Tensor],
+                              opt_meta: dict) -> None:
+    """The whole-state checkpoint files: model.safetensors, optimizer.safetensors and optimizer.json."""
+    save_file(model_state, str(folder / "model.safetensors"))
+    save_file(opt_tensors, str(folder / "optimizer.safetensors"))
+    (folder / "optimizer.json").write_text(json.dumps(opt_meta))
+
+
 def save_checkpoint(root: Path, step: int, *, model_state: dict[str, torch.Tensor] | None,
                     optimizer: torch.optim.Optimizer | None, loop_state: dict, rank: int, is_main: bool,
                     keep: int, barrier=lambda: None, write_state=None) -> Path:
@@ -82,10 +90,7 @@ def save_checkpoint(root: Path, step: int, *, model_state: dict[str, torch.Tenso
     if write_state is not None:
         write_state(tmp)
     elif is_main:
-        save_file(model_state, str(tmp / "model.safetensors"))
-        opt_tensors, opt_meta = optimizer_to_flat(optimizer)
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
+        write_model_and_optimizer(tmp, model_state, *optimizer_to_flat(optimizer))
     barrier()
     if is_main:
         (tmp / "state.json").write_text(json.dumps(loop_state, indent=2))  # written last: marks completeness

@@ -24,6 +24,7 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
 from tqdm.auto import tqdm
 
 from headway.train import checkpoint as ckpt
+from headway.train import fsdp as fsdp_mod
 from headway.train.features import pad_batch
 from headway.train.losses import summarize
 
@@ -59,6 +60,7 @@ class TrainConfig:
     log_every: int = 10  # optimizer steps between metric logs
     trackers: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])  # accelerate trackers
     num_threads: int | None = None  # torch CPU threads per process (None = torch default)
+    fsdp: bool = False  # shard the drafter's weights, gradients and optimizer state (FSDP2); also set by an accelerate FSDP config
 
     def __post_init__(self):
         if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:
@@ -91,8 +93,9 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     """An Accelerator that really synchronises: gloo DDP or DeepSpeed ZeRO on CPU, NCCL on GPUs.
 
     Gradient accumulation goes through accelerate (``accumulate``), so DeepSpeed's engine steps
-    once per optimizer step. FSDP is refused: the loop's clipping, evaluation and export do not
-    handle it yet (and on a CPU accelerate would silently train without it).
+    once per optimizer step. FSDP (``train.fsdp=true``, or an accelerate config with
+    ``distributed_type: FSDP``) is applied by the loop with torch's ``fully_shard`` (headway.train.fsdp)
+    on top of the DDP-type process group, because accelerate's own FSDP runs only on GPUs.
     """
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -101,10 +104,11 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     on_cpu = not torch.cuda.is_available()
     deepspeed = _env_flag("ACCELERATE_USE_DEEPSPEED")
-    if _env_flag("ACCELERATE_USE_FSDP"):
-        raise ValueError("headway's training loop does not support FSDP yet (its clipping, evaluation and export are "
-                         "not FSDP-aware); shard with DeepSpeed ZeRO-3 instead (configs/accelerate/gpu-zero3.yaml, "
-                         "or cpu-zero3-2.yaml on a CPU)")
+    if fsdp_requested(cfg):  # an accelerate FSDP config: headway shards with torch's fully_shard itself
+        os.environ.pop("ACCELERATE_USE_FSDP", None)
+        cfg.fsdp = True
+    if cfg.fsdp and deepspeed:
+        raise ValueError("FSDP and DeepSpeed were both asked for; choose one (train.fsdp=false, or drop --use_deepspeed)")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     handlers = [InitProcessGroupKwargs(backend="gloo")] if on_cpu and world > 1 else []
     acc = Accelerator(cpu=on_cpu and not deepspeed, mixed_precision=mp, log_with=cfg.trackers or None,
@@ -121,6 +125,9 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
                          f"loop; use one of {', '.join(t.value for t in SUPPORTED)}")
     if acc.distributed_type == DistributedType.DEEPSPEED:
         fill_deepspeed_config(acc.state.deepspeed_plugin.deepspeed_config, cfg, acc.num_processes, mp)
+    if cfg.fsdp and acc.num_processes == 1:
+        acc.print("note: train.fsdp with one process has nothing to shard; training unsharded")
+        cfg.fsdp = False
     return acc
 
 
@@ -148,6 +155,11 @@ def fill_deepspeed_config(ds: dict, cfg: TrainConfig, processes: int, mixed_prec
             raise ValueError(f"the DeepSpeed config enables {kind} but the run's mixed precision is {mixed_precision!r}; "
                              f"set {kind}.enabled to \"auto\" or pass train.mixed_precision={mode}")
     ds.setdefault("zero_allow_untested_optimizer", True)
+
+
+def fsdp_requested(cfg: TrainConfig) -> bool:
+    """Whether this run asks for FSDP (train.fsdp, or an accelerate launch with an FSDP config)."""
+    return cfg.fsdp or _env_flag("ACCELERATE_USE_FSDP")
 
 
 def _env_flag(name: str) -> bool:
@@ -231,15 +243,17 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 @torch.no_grad()
-def evaluate(acc: Accelerator, method: Method, model, examples: list[dict], batch_size: int) -> dict[str, float]:
-    """Held-out loss and accuracy per head, counted over every process's share."""
+def evaluate(acc: Accelerator, method: Method, model, examples: list[dict], batch_size: int,
+             lockstep: bool = False) -> dict[str, float]:
+    """Held-out loss and accuracy per head, counted over every process's share. ``lockstep``: the
+    forward gathers sharded weights collectively (FSDP), so every rank runs as many batches."""
     model.eval()  # the unwrapped module: no DDP collectives, so ranks with fewer examples cannot hang
     mine = examples[acc.process_index::acc.num_processes]
     totals: dict[str, torch.Tensor] = {}
-    # ZeRO-3 gathers parameters collectively in every forward: every rank runs as many batches
-    # (a rank out of examples runs a filler batch and discards its counts)
+    # ZeRO-3 and FSDP gather parameters collectively in every forward: every rank runs as many
+    # batches (a rank out of examples runs a filler batch and discards its counts)
     per_rank = -(-len(examples) // acc.num_processes)
-    batches = -(-(per_rank if zero_stage(acc) == 3 else len(mine)) // batch_size)
+    batches = -(-(per_rank if lockstep or zero_stage(acc) == 3 else len(mine)) // batch_size)
     for b in range(batches):
         chunk = mine[b * batch_size:(b + 1) * batch_size]
         batch = {k: v.to(acc.device) for k, v in pad_batch(chunk or (mine or examples)[-1:]).items()}
@@ -293,14 +307,21 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     warmup = max(1, int(cfg.warmup_ratio * total_steps)) if cfg.warmup_ratio > 0 else 0
 
     model = method.model
+    fsdp = cfg.fsdp
+    if fsdp:
+        fsdp_mod.shard(model)  # before the optimizer: sharded parameters are new tensors
     groups = method.param_groups(cfg.lr) if hasattr(method, "param_groups") else \
         [{"params": [p for p in model.parameters() if p.requires_grad]}]
     params = [p for g in groups for p in g["params"]]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_lambda(s, total_steps, warmup, cfg.min_lr_ratio))
-    model, optimizer = acc.prepare(model, optimizer)
-    unwrapped = acc.unwrap_model(model)
+    if fsdp:
+        optimizer = acc.prepare(optimizer)  # the module is sharded already (no DDP wrapper)
+        unwrapped = model
+    else:
+        model, optimizer = acc.prepare(model, optimizer)
+        unwrapped = acc.unwrap_model(model)
     if zero_stage(acc) == 3:
         # losses may read a drafter's weights directly (e.g. lm_head.weight in a chunked
         # cross-entropy), outside the submodule whose hook ZeRO-3 gathers them in: gather the
@@ -314,7 +335,7 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     step = 0
     last = ckpt.checkpoint_dirs(out / "checkpoints")
     if cfg.resume and last:
-        step = _resume(acc, last[-1], unwrapped, optimizer, scheduler, sharded)
+        step = _resume(acc, last[-1], unwrapped, optimizer, scheduler, sharded, fsdp)
         acc.print(f"resumed from {last[-1]} at step {step}/{total_steps}")
     _truncate_metrics(out / METRICS_NAME, step, acc.is_main_process)
 
@@ -322,7 +343,7 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
         acc.init_trackers("headway", config=_flat(run_config))
     if step == 0 and eval_data:  # the baseline the trained heads are judged against
         _log(acc, out, {"step": 0, **{f"eval/{k}": v for k, v in
-                                      evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size).items()}}, cfg)
+                                      evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size, fsdp).items()}}, cfg)
     bar = tqdm(total=total_steps, initial=step, disable=not acc.is_local_main_process, desc="training", unit="step")
     model.train()
     running: dict[str, torch.Tensor] = {}
@@ -370,15 +391,17 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
             _log(acc, out, record, cfg)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps and eval_data:
             _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in
-                                             evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size).items()}}, cfg)
+                                             evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size, fsdp).items()}}, cfg)
         if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
-            _save(acc, out / "checkpoints", step, unwrapped, optimizer, scheduler, sharded, cfg.keep_checkpoints)
+            _save(acc, out / "checkpoints", step, unwrapped, optimizer, scheduler, sharded, cfg.keep_checkpoints, fsdp)
     bar.close()
 
-    final = evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size) if eval_data else {}
+    final = evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size, fsdp) if eval_data else {}
     _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in final.items()}}, cfg)
+    if fsdp:
+        fsdp_mod.unshard_for_export(unwrapped)  # whole trainable weights on every rank
     with gathered(acc, unwrapped):  # ZeRO-3: whole trainable weights for the check and the export
-        _write_sync_check(acc, out, unwrapped, time.perf_counter() - train_start, train_tokens)
+        _write_sync_check(acc, out, unwrapped, time.perf_counter() - train_start, train_tokens, fsdp)
         if acc.is_main_process:
             method.export(unwrapped, out, final)
             (out / "eval_metrics.json").write_text(json.dumps(final, indent=2))
@@ -388,12 +411,26 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     return final
 
 
-def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, sharded: bool, keep: int) -> None:
-    """An atomic checkpoint. DDP: safetensors (rank 0 holds the whole state). DeepSpeed: the
-    optimizer state is sharded, so every rank writes its shard through ``accelerate.save_state``
-    (the engine's own format; needs a filesystem every node shares)."""
+def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, sharded: bool, keep: int,
+          fsdp: bool = False) -> None:
+    """An atomic checkpoint. DDP: safetensors (rank 0 holds the whole state). FSDP: the whole state
+    gathered from the shards, written by rank 0 as safetensors. DeepSpeed: the optimizer state is
+    sharded, so every rank writes its shard through ``accelerate.save_state`` (the engine's own
+    format; needs a filesystem every node shares)."""
     loop_state = {"step": step, "scheduler": scheduler.state_dict(), "world_size": acc.num_processes,
-                  "distributed_type": str(acc.distributed_type), "sharded": sharded}
+                  "distributed_type": "FSDP" if fsdp else str(acc.distributed_type), "sharded": sharded, "fsdp": fsdp}
+    if fsdp:
+        model_state = fsdp_mod.trainable_state(model)  # collective: every rank gathers
+        opt_tensors, opt_meta = fsdp_mod.optimizer_state(model, _torch_optimizer(optimizer))
+
+        def write(tmp: Path) -> None:
+            if acc.is_main_process:
+                ckpt.write_model_and_optimizer(tmp, model_state, opt_tensors, opt_meta)
+
+        ckpt.save_checkpoint(root, step, model_state=None, optimizer=None, loop_state=loop_state,
+                             rank=acc.process_index, is_main=acc.is_main_process, keep=keep,
+                             barrier=acc.wait_for_everyone, write_state=write)
+        return
     if not sharded:
         ckpt.save_checkpoint(root, step, model_state=_trainable_state(model),
                              optimizer=_torch_optimizer(optimizer),
@@ -406,11 +443,15 @@ def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, 
                                                                 exclude_frozen_parameters=True))
 
 
-def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: bool) -> int:
-    """Restore a checkpoint written by ``_save``; returns its step. A sharded checkpoint needs the
-    same world size and engine; a DDP one holds the whole state and resumes with any world size."""
+def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: bool, fsdp: bool = False) -> int:
+    """Restore a checkpoint written by ``_save``; returns its step. A DeepSpeed checkpoint needs the
+    same world size and engine; a DDP or FSDP one holds the whole state and resumes with any world size."""
     state = ckpt.load_state_json(path)
     world, kind = state.get("world_size"), state.get("distributed_type")
+    if state.get("fsdp", False) != fsdp:
+        raise ValueError(f"{path} was written {'with' if state.get('fsdp') else 'without'} FSDP and this launch runs "
+                         f"{'with' if fsdp else 'without'} it: a checkpoint resumes only in the mode that wrote it; "
+                         "relaunch in that mode, or pass train.overwrite=true to start over")
     if state.get("sharded", False) != sharded or (sharded and kind != str(acc.distributed_type)):
         raise ValueError(f"{path} was written under {kind} and this launch runs {acc.distributed_type}: a checkpoint "
                          "resumes only under the engine that wrote it; relaunch in that mode, or pass "
@@ -421,6 +462,12 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
                          "or pass train.overwrite=true to start over")
     if sharded:
         acc.load_state(str(path / "engine"), load_module_strict=False)  # frozen weights are not in it
+    elif fsdp:
+        saved = ckpt.load_checkpoint(path, acc.process_index)
+        fsdp_mod.load_trainable_state(model, saved["model"])
+        fsdp_mod.load_optimizer_state(model, _torch_optimizer(optimizer), saved["optimizer"], saved["optimizer_meta"])
+        if saved["rng"] is not None:
+            torch.set_rng_state(saved["rng"])
     else:
         saved = ckpt.load_checkpoint(path, acc.process_index)
         model.load_state_dict({**model.state_dict(), **saved["model"]})
@@ -436,7 +483,8 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
         for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
             group["lr"] = base * factor(step)
         acc.print(f"note: {path} was written by {world} process(es) at step {state['step']}; resuming with "
-                  f"{acc.num_processes} at step {step} (the same examples seen; DDP checkpoints hold the whole state)")
+                  f"{acc.num_processes} at step {step} (the same examples seen; {'FSDP' if fsdp else 'DDP'} checkpoints "
+                  "hold the whole state)")
     return step
 
 
@@ -460,7 +508,8 @@ def peak_memory_mb() -> dict[str, float]:
     return peak
 
 
-def _write_sync_check(acc: Accelerator, out: Path, model: torch.nn.Module, train_seconds: float, tokens: int) -> None:
+def _write_sync_check(acc: Accelerator, out: Path, model: torch.nn.Module, train_seconds: float, tokens: int,
+                      fsdp: bool = False) -> None:
     """Record how many processes trained, each rank's parameter fingerprint and peak memory, and
     the run's training throughput (tokens per second over all processes)."""
     from accelerate.utils import gather_object
@@ -469,7 +518,7 @@ def _write_sync_check(acc: Accelerator, out: Path, model: torch.nn.Module, train
     ranks = gather_object(mine) if acc.num_processes > 1 else mine
     if acc.is_main_process:
         (out / "distributed.json").write_text(json.dumps({
-            "num_processes": acc.num_processes, "distributed_type": str(acc.distributed_type),
+            "num_processes": acc.num_processes, "distributed_type": "FSDP" if fsdp else str(acc.distributed_type),
             "zero_stage": zero_stage(acc), "fingerprints": [r["fingerprint"] for r in ranks],
             "peak_memory_mb": [r["peak_memory_mb"] for r in ranks],
             "train_tokens_per_s": tokens * acc.num_processes / max(train_seconds, 1e-9)}))

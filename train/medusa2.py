@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from headway.heads import MedusaHeads
 from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
-from headway.train.loop import TrainConfig, run_training, zero_stage
+from headway.train.loop import TrainConfig, fsdp_requested, run_training, zero_stage
 from headway.train.losses import head_weights, medusa_loss
 from headway.train.medusa import LossConfig, MedusaRunConfig
 
@@ -254,6 +254,9 @@ def train(cfg: Medusa2RunConfig) -> dict:
     if cfg.lora.train_lm_head and cfg.heads.share_lm_head:
         raise ValueError("lora.train_lm_head=true with heads.share_lm_head=true: the heads would train against the "
                          "original lm_head but run against the tuned one; set one of them false")
+    if fsdp_requested(cfg.train):  # the tuned target lives in the training module: FSDP would shard the adapter with it
+        raise ValueError("Medusa-2 under FSDP is not supported (the merged export needs the whole tuned target); use "
+                         "DDP or DeepSpeed ZeRO-2 (configs/deepspeed/zero2.json)")
     run = setup_run(cfg.model, cfg.features, cfg.data, cfg.train)
     if zero_stage(run.acc) == 3:  # the tuned target lives in the training module: ZeRO-3 would partition it
         raise ValueError("Medusa-2 under DeepSpeed ZeRO-3 is not supported (the merged export needs the whole tuned "

@@ -3,6 +3,7 @@
 - Greedy speculative output on CUDA in bf16 equals the target's own greedy ``generate`` for Medusa,
   EAGLE-3 (static and dynamic trees) and prompt lookup.
 - A bf16 training run on CUDA ends with a loadable export.
+- With 2 or more GPUs: the accelerate FSDP config (configs/accelerate/gpu-fsdp.yaml) matches DDP.
 """
 
 from __future__ import annotations
@@ -51,3 +52,21 @@ def test_bf16_training_on_cuda_exports(tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert isinstance(load_drafter(out), MedusaHeads)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_fsdp_on_two_gpus_matches_ddp(tmp_path):
+    """configs/accelerate/gpu-fsdp.yaml on 2 GPUs (NCCL) ends within tolerance of a DDP run."""
+    from safetensors.torch import load_file
+
+    outs = {}
+    for mode, flags in {"ddp": ["--multi_gpu"],
+                        "fsdp": ["--config_file", str(ROOT / "configs" / "accelerate" / "gpu-fsdp.yaml")]}.items():
+        outs[mode] = tmp_path / mode
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes", "2",
+               "--mixed_precision", "no", str(ROOT / "train" / "medusa.py"), "--config", "medusa/tiny",
+               f"train.output_dir={outs[mode]}", "train.max_steps=12", "train.trackers=[]"]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    a, b = (load_file(str(outs[m] / "model.safetensors")) for m in ("ddp", "fsdp"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-4, rtol=1e-3) for k in a)

@@ -168,6 +168,8 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
         m2.train(tiny_cfg(tmp_path / "b", "lora.target_modules=[q_proj,qkv]"))
     with pytest.raises(ValueError, match="share_lm_head=true"):
         m2.train(tiny_cfg(tmp_path / "c", "lora.train_lm_head=true", "heads.share_lm_head=true"))
+    with pytest.raises(ValueError, match="Medusa-2 under FSDP is not supported"):
+        m2.train(tiny_cfg(tmp_path / "e", "train.fsdp=true"))
     with pytest.raises(ValueError, match="no adapter_config.json"):
         load_target("tiny-random-llama", device="cpu", adapter=tmp_path)
     res = subprocess.run([sys.executable, "-m", "headway.train.medusa2", "--config", str(TINY),
