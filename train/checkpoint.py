@@ -44,24 +44,37 @@ def checkpoint_dirs(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def flatten_state(state: dict, sep: str = ".") -> tuple[dict[str, torch.Tensor], dict]:
+    """{key: {name: value}} (an optimizer's per-parameter state) -> (tensors, other values), each
+    keyed 'key{sep}name' (tensors for safetensors, the rest for JSON)."""
+    tensors, scalars = {}, {}
+    for key, entries in state.items():
+        for name, value in entries.items():
+            if torch.is_tensor(value):
+                tensors[f"{key}{sep}{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{key}{sep}{name}"] = value
+    return tensors, scalars
+
+
+def unflatten_state(tensors: dict[str, torch.Tensor], scalars: dict, sep: str = ".", key=str) -> dict:
+    """The inverse of ``flatten_state``; ``key`` converts each key back (e.g. ``int``)."""
+    state: dict = {}
+    for flat, value in list(tensors.items()) + list(scalars.items()):
+        k, name = flat.rsplit(sep, 1)
+        state.setdefault(key(k), {})[name] = value
+    return state
+
+
 def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """Split an optimizer state dict into tensors (for safetensors) and JSON metadata."""
     sd = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for pid, state in sd["state"].items():
-        for name, value in state.items():
-            if torch.is_tensor(value):
-                tensors[f"{pid}.{name}"] = value.detach().cpu().contiguous()
-            else:
-                scalars[f"{pid}.{name}"] = value
+    tensors, scalars = flatten_state(sd["state"])
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
 def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    state: dict[int, dict] = {}
-    for key, value in list(tensors.items()) + list(meta["scalars"].items()):
-        pid, name = key.split(".", 1)
-        state.setdefault(int(pid), {})[name] = value
+    state = unflatten_state(tensors, meta["scalars"], key=int)
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 

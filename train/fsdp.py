@@ -20,6 +20,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import fully_shard
 
+from headway.train.checkpoint import flatten_state, unflatten_state
+
 _SEP = "::"  # between a parameter's name and its optimizer state's name (names hold dots)
 
 
@@ -45,23 +47,14 @@ def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor])
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """The optimizer's whole state as (tensors keyed 'param::name', JSON metadata)."""
     sd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
-    tensors, scalars = {}, {}
-    for name, state in sd["state"].items():
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                tensors[f"{name}{_SEP}{key}"] = value.detach().cpu().contiguous()
-            else:
-                scalars[f"{name}{_SEP}{key}"] = value
+    tensors, scalars = flatten_state(sd["state"], _SEP)
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars, "keys": "parameter names"}
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
                          meta: dict) -> None:
     """Restore what ``optimizer_state`` returned, resharded over this run's processes."""
-    state: dict[str, dict] = {}
-    for key, value in list(tensors.items()) + list(meta["scalars"].items()):
-        name, field = key.rsplit(_SEP, 1)
-        state.setdefault(name, {})[field] = value
+    state = unflatten_state(tensors, meta["scalars"], _SEP)
     set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": meta["param_groups"]},
                              options=StateDictOptions(full_state_dict=True))
 
