@@ -131,6 +131,25 @@ def run_one(kind, method, target, ids, max_new_tokens: int, eos: int):
     return out.sequences[0, ids.shape[1]:].tolist(), time.perf_counter() - start, out.stats
 
 
+def run_prompts(table: dict, target, tokenizer, groups: dict, max_new_tokens: int, eos: int, device, label: str = ""):
+    """Every method on every prompt, interleaved per prompt; returns ({group: {method: rows}}, {group: prefill s})."""
+    raw: dict = {g: {name: [] for name in table} for g in groups}
+    prefill = {g: 0.0 for g in groups}
+    for group, prompts in groups.items():
+        for i, prompt in enumerate(prompts):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                return_tensors="pt", return_dict=True)["input_ids"].to(device)
+            prefill[group] += prefill_seconds(target, ids)
+            reference = None
+            for name, (kind, method) in table.items():  # interleaved: every method on this prompt in turn
+                tokens, secs, stats = run_one(kind, method, target, ids, max_new_tokens, eos)
+                reference = tokens if name == "plain" else reference
+                raw[group][name].append({"new_tokens": len(tokens), "seconds": secs, "identical": tokens == reference,
+                                         "stats": stats.as_dict() if stats else None})
+            print(f"{label}{group} prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    return raw, prefill
+
+
 def summarize(rows: list[dict], plain: list[dict], prefill: float) -> dict:
     tokens = sum(r["new_tokens"] for r in rows)
     secs = sum(r["seconds"] for r in rows)
@@ -203,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the target's dtype (auto: bf16 on GPUs that support it, else fp32); greedy output is "
                         "identical to plain greedy in fp32, while in bf16/fp16 the wider verification pass rounds "
                         "differently and can flip a near-tie")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the whole prompt set this many times; the table pools them and adds each run's speedup")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest and steadiest on small CPUs)")
     p.add_argument("--out", default=str(Path("outputs", "benchmark")))
     return p
@@ -215,6 +236,8 @@ def main(argv=None) -> dict:
     families = [f for f in args.methods.split(",") if f]
     if set(families) - set(FAMILIES):
         p.error(f"unknown --methods {sorted(set(families) - set(FAMILIES))}; choose from {list(FAMILIES)}")
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.model, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     eos = tokenizer.eos_token_id
@@ -226,44 +249,41 @@ def main(argv=None) -> dict:
                     [t for t in args.medusa_trees.split(",") if t], families)
     groups = {g: prompts for g, prompts in (("chat", chat_prompts(args.prompts)), ("copy", copy_prompts(args.copy_prompts)))
               if prompts}
-    raw: dict = {g: {name: [] for name in table} for g in groups}
-    prefill = {g: 0.0 for g in groups}
     device = next(target.parameters()).device
     if device.type != "cpu":  # first calls on a GPU pay for kernel selection and allocator growth: not timed
         warm = tokenizer("Hello there, how are you today?", return_tensors="pt")["input_ids"].to(device)
         for kind, method in table.values():
             run_one(kind, method, target, warm, 8, eos)
-    for group, prompts in groups.items():
-        for i, prompt in enumerate(prompts):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                return_tensors="pt", return_dict=True)["input_ids"].to(device)
-            prefill[group] += prefill_seconds(target, ids)
-            reference = None
-            for name, (kind, method) in table.items():  # interleaved: every method on this prompt in turn
-                tokens, secs, stats = run_one(kind, method, target, ids, args.max_new_tokens, eos)
-                reference = tokens if name == "plain" else reference
-                raw[group][name].append({"new_tokens": len(tokens), "seconds": secs, "identical": tokens == reference,
-                                         "stats": stats.as_dict() if stats else None})
-            print(f"{group} prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    runs = []  # one (raw rows, prefill seconds) per repeat of the whole prompt set
+    for r in range(args.repeats):
+        runs.append(run_prompts(table, target, tokenizer, groups, args.max_new_tokens, eos, device,
+                                f"run {r + 1}/{args.repeats}, " if args.repeats > 1 else ""))
+    raw = {g: {name: [row for run, _ in runs for row in run[g][name]] for name in table} for g in groups}
+    prefill = {g: sum(pre[g] for _, pre in runs) for g in groups}
     results = {g: {name: summarize(rows, raw[g]["plain"], prefill[g]) for name, rows in per.items()}
                for g, per in raw.items()}
+    if args.repeats > 1:  # each repeat's own speedup: the spread a single run would hide
+        for g, per in results.items():
+            for name, s in per.items():
+                s["speedup_runs"] = [summarize(run[g][name], run[g]["plain"], pre[g])["speedup"] for run, pre in runs]
     for group, per in results.items():
         print(f"\n{group} ({len(groups[group])} prompts, {args.max_new_tokens} new tokens max, {device.type}, "
               f"{str(target.dtype).removeprefix('torch.')}, {args.threads} thread(s))")
         print(f"{'method':<36} {'tau':>5} {'tok/s':>6} {'speedup':>8} {'decode':>7} {'bound':>6} {'t(k)':>5} "
-              f"{'draft':>6} {'/step':>6} {'bookk.':>6} {'same':>5}")
+              f"{'draft':>6} {'/step':>6} {'bookk.':>6} {'same':>5}" + (f" {'runs':>11}" if args.repeats > 1 else ""))
         for name, s in per.items():
             tau = f"{s['tau']:.2f}" if "tau" in s else "-"
             extra = (f"{s['decode_speedup']:>6.2f}x {s['bound']:>5.2f}x {s['t_verify_rel']:>5.2f} {s['t_draft_rel']:>6.2f} "
                      f"{s['t_draft_step_rel']:>6.3f} {100 * s['bookkeeping_share']:>5.1f}%") if "tau" in s else \
                 f"{'-':>7} {'-':>6} {'-':>5} {'-':>6} {'-':>6} {'-':>6}"
+            spread = f" {min(s['speedup_runs']):>5.2f}-{max(s['speedup_runs']):.2f}x" if "speedup_runs" in s else ""
             print(f"{name:<36} {tau:>5} {s['tokens_per_s']:>6.1f} {s['speedup']:>7.2f}x {extra} "
-                  f"{'yes' if s['identical'] else 'NO':>5}")
+                  f"{'yes' if s['identical'] else 'NO':>5}{spread}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results, "raw": raw}, indent=1))
     plot(results, out / "acceptance.png")
-    print(f"\nspeedup: whole calls; decode: prefill excluded on both sides; bound: tau*t(1)/(t(k)+t_draft); t(k), "
+    print(f"\nspeedup: whole calls{' (all repeats pooled; runs: each repeat alone, min-max)' if args.repeats > 1 else ''}; decode: prefill excluded on both sides; bound: tau*t(1)/(t(k)+t_draft); t(k), "
           f"draft: per verification pass, relative to plain decode time per token t(1); /step: draft time per drafted level.\nWrote {out}/results.json "
           f"and {out}/acceptance.png")
     return results

@@ -46,3 +46,18 @@ def test_dtype_flag_reaches_the_target_loader(monkeypatch, flag, dtype):
     with pytest.raises(RuntimeError, match="stop here"):
         benchmark.main(["--methods", "lookup", *flag])
     assert seen["dtype"] == (getattr(torch, dtype) if dtype else None)
+
+
+def test_repeats_pool_the_runs_and_report_each(tmp_path, capsys):
+    """--repeats 2: the table pools both runs (twice the tokens of one) and prints each run's speedup."""
+    args = ["--model", "tiny-random-llama", "--heads", "none", "--methods", "lookup", "--prompts", "1",
+            "--copy-prompts", "0", "--max-new-tokens", "6", "--out", str(tmp_path)]
+    one = benchmark.main(args)
+    two = benchmark.main([*args, "--repeats", "2"])
+    for name, s in two["chat"].items():
+        assert s["new_tokens"] == 2 * one["chat"][name]["new_tokens"]
+        assert len(s["speedup_runs"]) == 2 and all(r > 0 for r in s["speedup_runs"])
+        assert "speedup_runs" not in one["chat"][name]
+    assert "runs" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        benchmark.main([*args, "--repeats", "0"])
