@@ -44,46 +44,25 @@ def checkpoint_dirs(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def flatten_state(state: dict, sep: str = ".") -> tuple[dict[str, torch.Tensor], dict]:
-    """{key: {name: value}} (an optimizer's per-parameter state) -> (tensors, other values), each
-    keyed 'key{sep}name' (tensors for safetensors, the rest for JSON)."""
-    tensors, scalars = {}, {}
-    for key, entries in state.items():
-        for name, value in entries.items():
-            if torch.is_tensor(value):
-                tensors[f"{key}{sep}{name}"] = value.detach().cpu().contiguous()
-            else:
-                scalars[f"{key}{sep}{name}"] = value
-    return tensors, scalars
-
-
-def unflatten_state(tensors: dict[str, torch.Tensor], scalars: dict, sep: str = ".", key=str) -> dict:
-    """The inverse of ``flatten_state``; ``key`` converts each key back (e.g. ``int``)."""
-    state: dict = {}
-    for flat, value in list(tensors.items()) + list(scalars.items()):
-        k, name = flat.rsplit(sep, 1)
-        state.setdefault(key(k), {})[name] = value
-    return state
-
-
 def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """Split an optimizer state dict into tensors (for safetensors) and JSON metadata."""
     sd = optimizer.state_dict()
-    tensors, scalars = flatten_state(sd["state"])
+    tensors, scalars = {}, {}
+    for pid, state in sd["state"].items():
+        for name, value in state.items():
+            if torch.is_tensor(value):
+                tensors[f"{pid}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{pid}.{name}"] = value
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
 def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    state = unflatten_state(tensors, meta["scalars"], key=int)
+    state: dict[int, dict] = {}
+    for key, value in list(tensors.items()) + list(meta["scalars"].items()):
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = value
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-
-
-def write_model_and_optimizer(folder: Path, model_state: dict[str, torch.Tensor], opt_tensors: dict[str, torch.Tensor],
-                              opt_meta: dict) -> None:
-    """The whole-state checkpoint files: model.safetensors, optimizer.safetensors and optimizer.json."""
-    save_file(model_state, str(folder / "model.safetensors"))
-    save_file(opt_tensors, str(folder / "optimizer.safetensors"))
-    (folder / "optimizer.json").write_text(json.dumps(opt_meta))
 
 
 def save_checkpoint(root: Path, step: int, *, model_state: dict[str, torch.Tensor] | None,
@@ -103,7 +82,10 @@ def save_checkpoint(root: Path, step: int, *, model_state: dict[str, torch.Tenso
     if write_state is not None:
         write_state(tmp)
     elif is_main:
-        write_model_and_optimizer(tmp, model_state, *optimizer_to_flat(optimizer))
+        save_file(model_state, str(tmp / "model.safetensors"))
+        opt_tensors, opt_meta = optimizer_to_flat(optimizer)
+        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
     barrier()
     if is_main:
         (tmp / "state.json").write_text(json.dumps(loop_state, indent=2))  # written last: marks completeness
@@ -134,6 +116,11 @@ def load_checkpoint(path: Path, rank: int) -> dict:
         }
     except (SafetensorError, OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"checkpoint {path} is damaged ({exc}); delete that folder to resume from the one before") from None
-    rng = path / f"rng-{rank}.safetensors"
-    out["rng"] = load_file(str(rng))["cpu"] if rng.is_file() else None
+    out["rng"] = load_rng(path, rank)
     return out
+
+
+def load_rng(path: Path, rank: int) -> torch.Tensor | None:
+    """Rank ``rank``'s CPU RNG state in a checkpoint folder (None when that rank did not exist)."""
+    rng = path / f"rng-{rank}.safetensors"
+    return load_file(str(rng))["cpu"] if rng.is_file() else None

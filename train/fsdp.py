@@ -8,21 +8,21 @@ ranks at rest and gathered for each forward (a drafter is one layer or a few hea
 weights such as an lm_head directly, which a single unit keeps whole during the forward). The
 frozen target is not a submodule of the training module and stays whole on every rank.
 
-Checkpoints hold the whole trainable state (gathered by torch.distributed.checkpoint's state-dict
-helpers and written by rank 0 as safetensors), so an FSDP run resumes with any number of processes.
+Checkpoints: every rank writes its own shards of the trainable weights and the optimizer state
+with torch.distributed.checkpoint (its format: a file per rank plus metadata), and a resumed run
+reads them resharded to its own number of processes. The export alone gathers whole weights.
 Every function here is collective: all ranks call it, in the same order.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import fully_shard
-
-from headway.train.checkpoint import flatten_state, unflatten_state
-
-_SEP = "::"  # between a parameter's name and its optimizer state's name (names hold dots)
 
 
 def shard(model: torch.nn.Module) -> torch.nn.Module:
@@ -39,24 +39,23 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in full.items() if k in names}
 
 
-def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load whole trainable tensors (from ``trainable_state``) into a sharded ``model``."""
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+def _sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    weights = {k: v for k, v in get_model_state_dict(model).items() if k in names}  # this rank's shards
+    return {"model": weights, "optimizer": get_optimizer_state_dict(model, optimizer)}
 
 
-def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """The optimizer's whole state as (tensors keyed 'param::name', JSON metadata)."""
-    sd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
-    tensors, scalars = flatten_state(sd["state"], _SEP)
-    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars, "keys": "parameter names"}
+def save_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Every rank writes its shards of the trainable weights and of the optimizer state to ``folder``."""
+    dcp.save(_sharded_state(model, optimizer), checkpoint_id=str(folder))
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
-                         meta: dict) -> None:
-    """Restore what ``optimizer_state`` returned, resharded over this run's processes."""
-    state = unflatten_state(tensors, meta["scalars"], _SEP)
-    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": meta["param_groups"]},
-                             options=StateDictOptions(full_state_dict=True))
+def load_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Read ``save_state``'s shards back, resharded to this run's processes (any number)."""
+    state = _sharded_state(model, optimizer)  # the layout to fill (initialises the optimizer's state)
+    dcp.load(state, checkpoint_id=str(folder))
+    set_model_state_dict(model, state["model"], options=StateDictOptions(strict=False))
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def unshard_for_export(model: torch.nn.Module) -> None:

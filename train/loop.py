@@ -413,23 +413,17 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
 
 def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, sharded: bool, keep: int,
           fsdp: bool = False) -> None:
-    """An atomic checkpoint. DDP: safetensors (rank 0 holds the whole state). FSDP: the whole state
-    gathered from the shards, written by rank 0 as safetensors. DeepSpeed: the optimizer state is
-    sharded, so every rank writes its shard through ``accelerate.save_state`` (the engine's own
-    format; needs a filesystem every node shares)."""
+    """An atomic checkpoint. DDP: safetensors (rank 0 holds the whole state). Sharded state is
+    written by every rank, which needs a filesystem every node shares: FSDP through
+    torch.distributed.checkpoint (reshardable), DeepSpeed through ``accelerate.save_state`` (the
+    engine's own format)."""
     loop_state = {"step": step, "scheduler": scheduler.state_dict(), "world_size": acc.num_processes,
                   "distributed_type": "FSDP" if fsdp else str(acc.distributed_type), "sharded": sharded, "fsdp": fsdp}
     if fsdp:
-        model_state = fsdp_mod.trainable_state(model)  # collective: every rank gathers
-        opt_tensors, opt_meta = fsdp_mod.optimizer_state(model, _torch_optimizer(optimizer))
-
-        def write(tmp: Path) -> None:
-            if acc.is_main_process:
-                ckpt.write_model_and_optimizer(tmp, model_state, opt_tensors, opt_meta)
-
         ckpt.save_checkpoint(root, step, model_state=None, optimizer=None, loop_state=loop_state,
                              rank=acc.process_index, is_main=acc.is_main_process, keep=keep,
-                             barrier=acc.wait_for_everyone, write_state=write)
+                             barrier=acc.wait_for_everyone,
+                             write_state=lambda tmp: fsdp_mod.save_state(model, _torch_optimizer(optimizer), tmp / "fsdp"))
         return
     if not sharded:
         ckpt.save_checkpoint(root, step, model_state=_trainable_state(model),
@@ -445,7 +439,8 @@ def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, 
 
 def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: bool, fsdp: bool = False) -> int:
     """Restore a checkpoint written by ``_save``; returns its step. A DeepSpeed checkpoint needs the
-    same world size and engine; a DDP or FSDP one holds the whole state and resumes with any world size."""
+    same world size and engine; a DDP one (the whole state) or an FSDP one (reshardable shards)
+    resumes with any world size."""
     state = ckpt.load_state_json(path)
     world, kind = state.get("world_size"), state.get("distributed_type")
     if state.get("fsdp", False) != fsdp:
@@ -463,11 +458,10 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
     if sharded:
         acc.load_state(str(path / "engine"), load_module_strict=False)  # frozen weights are not in it
     elif fsdp:
-        saved = ckpt.load_checkpoint(path, acc.process_index)
-        fsdp_mod.load_trainable_state(model, saved["model"])
-        fsdp_mod.load_optimizer_state(model, _torch_optimizer(optimizer), saved["optimizer"], saved["optimizer_meta"])
-        if saved["rng"] is not None:
-            torch.set_rng_state(saved["rng"])
+        fsdp_mod.load_state(model, _torch_optimizer(optimizer), path / "fsdp")
+        rng = ckpt.load_rng(path, acc.process_index)
+        if rng is not None:
+            torch.set_rng_state(rng)
     else:
         saved = ckpt.load_checkpoint(path, acc.process_index)
         model.load_state_dict({**model.state_dict(), **saved["model"]})
@@ -484,7 +478,7 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
             group["lr"] = base * factor(step)
         acc.print(f"note: {path} was written by {world} process(es) at step {state['step']}; resuming with "
                   f"{acc.num_processes} at step {step} (the same examples seen; {'FSDP' if fsdp else 'DDP'} checkpoints "
-                  "hold the whole state)")
+                  "reshard)")
     return step
 
 

@@ -5,7 +5,8 @@ itself, since accelerate's FSDP runs only on GPUs) train the tiny Medusa and EAG
 run records its process count, distributed type and every rank's parameter fingerprint
 (distributed.json), and the ZeRO and FSDP runs end within float tolerance of the DDP run's exported
 weights. Kill-and-resume in every mode reaches the uninterrupted run's weights; a DeepSpeed
-checkpoint refuses another world size while DDP and FSDP checkpoints (whole state) resume with one;
+checkpoint refuses another world size while DDP (whole state) and FSDP (reshardable per-rank
+shards) checkpoints resume with one;
 two `accelerate launch` commands with num_machines 2 form one job over loopback. (The first
 DeepSpeed start compiles a small op, ~60 s, cached.)
 """
@@ -159,7 +160,8 @@ def test_two_machines_on_loopback_form_one_job(tmp_path):
 
 
 def test_fsdp_checkpoint_resumes_with_another_world_size(tmp_path):
-    """An FSDP checkpoint holds the whole state gathered from the shards: 2 processes resume as 3."""
+    """FSDP checkpoints are every rank's shards (torch.distributed.checkpoint), resharded on load:
+    2 processes resume as 3."""
     out, steps = tmp_path / "run", ["train.max_steps=24", "train.save_every=6"]
     kill_at(launch("medusa", "fsdp", out, *steps), out / "checkpoints", "step-0000006")
     state = json.loads((out / "checkpoints" / "step-0000006" / "state.json").read_text())
@@ -168,6 +170,8 @@ def test_fsdp_checkpoint_resumes_with_another_world_size(tmp_path):
     assert "was written by 2 process(es) at step 6; resuming with 3 at step 4" in log
     info = json.loads((out / "distributed.json").read_text())
     assert info["num_processes"] == 3 and info["distributed_type"] == "FSDP"
+    assert sorted(p.name for p in (out / "checkpoints" / "step-0000012" / "fsdp").iterdir() if p.suffix == ".distcp") \
+        == ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]  # one shard file per rank
 
 
 def test_fsdp_with_deepspeed_and_mode_switches_are_refused(tmp_path):
