@@ -477,8 +477,8 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
         for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
             group["lr"] = base * factor(step)
         acc.print(f"note: {path} was written by {world} process(es) at step {state['step']}; resuming with "
-                  f"{acc.num_processes} at step {step} (the same examples seen; {'FSDP' if fsdp else 'DDP'} checkpoints "
-                  "reshard)")
+                  f"{acc.num_processes} at step {step} (the same examples seen; "
+                  f"{'its FSDP shards are resharded' if fsdp else 'a DDP checkpoint holds the whole state'})")
     return step
 
 
