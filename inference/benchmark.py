@@ -104,7 +104,7 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
     return out
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     """Wait for queued GPU work, so wall-clock times cover it (a no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -113,15 +113,15 @@ def _sync(device: torch.device) -> None:
 @torch.no_grad()
 def prefill_seconds(target, ids) -> float:
     """One forward over the prompt: what plain generate spends before its first new token."""
-    _sync(ids.device)
+    sync_device(ids.device)
     start = time.perf_counter()
     target(ids, use_cache=True, logits_to_keep=1)  # as generate's prefill: last position's logits only
-    _sync(ids.device)
+    sync_device(ids.device)
     return time.perf_counter() - start
 
 
 def run_one(kind, method, target, ids, max_new_tokens: int, eos: int):
-    _sync(ids.device)
+    sync_device(ids.device)
     start = time.perf_counter()
     if kind == "hf":
         seq = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,

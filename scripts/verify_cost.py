@@ -16,14 +16,10 @@ import time
 import torch
 
 from headway.heads.target import load_target
+from headway.inference.benchmark import sync_device
 from headway.inference.kv_cache import crop_to, new_cache
 from headway.inference.tree import chain, load_tree
 from headway.inference.tree_attention import prefill, tree_forward
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()
@@ -37,12 +33,12 @@ def seconds_per_pass(target, tree, prefix_ids: torch.Tensor, reps: int) -> float
     for _ in range(max(2, reps // 10)):  # warm-up: kernel selection, allocator growth
         tree_forward(target, cache, tree, tokens, t)
         crop_to(cache, t)
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     for _ in range(reps):
         tree_forward(target, cache, tree, tokens, t)
         crop_to(cache, t)
-    _sync(device)
+    sync_device(device)
     return (time.perf_counter() - start) / reps
 
 

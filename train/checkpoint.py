@@ -105,10 +105,11 @@ def load_state_json(path: Path) -> dict:
         raise ValueError(f"checkpoint {path} is damaged ({exc}); delete that folder to resume from the one before") from None
 
 
-def load_checkpoint(path: Path, rank: int) -> dict:
-    """Read a checkpoint folder back: {'model', 'optimizer', 'optimizer_meta', 'state', 'rng'}."""
+def load_checkpoint(path: Path) -> dict:
+    """Read a whole-state checkpoint folder back: {'model', 'optimizer', 'optimizer_meta', 'state'}
+    (each rank's RNG state: ``load_rng``)."""
     try:
-        out = {
+        return {
             "model": load_file(str(path / "model.safetensors")),
             "optimizer": load_file(str(path / "optimizer.safetensors")),
             "optimizer_meta": json.loads((path / "optimizer.json").read_text()),
@@ -116,8 +117,6 @@ def load_checkpoint(path: Path, rank: int) -> dict:
         }
     except (SafetensorError, OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"checkpoint {path} is damaged ({exc}); delete that folder to resume from the one before") from None
-    out["rng"] = load_rng(path, rank)
-    return out
 
 
 def load_rng(path: Path, rank: int) -> torch.Tensor | None:

@@ -32,15 +32,19 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _trainable_names(model: torch.nn.Module) -> set[str]:
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every trainable parameter of a sharded ``model``, whole, on CPU, on every rank."""
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    names = _trainable_names(model)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return {k: v.detach().cpu().contiguous() for k, v in full.items() if k in names}
 
 
 def _sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    names = _trainable_names(model)
     weights = {k: v for k, v in get_model_state_dict(model).items() if k in names}  # this rank's shards
     return {"model": weights, "optimizer": get_optimizer_state_dict(model, optimizer)}
 

@@ -418,7 +418,7 @@ def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, 
     torch.distributed.checkpoint (reshardable), DeepSpeed through ``accelerate.save_state`` (the
     engine's own format)."""
     loop_state = {"step": step, "scheduler": scheduler.state_dict(), "world_size": acc.num_processes,
-                  "distributed_type": "FSDP" if fsdp else str(acc.distributed_type), "sharded": sharded, "fsdp": fsdp}
+                  "distributed_type": _mode(acc, fsdp), "sharded": sharded, "fsdp": fsdp}
     if fsdp:
         ckpt.save_checkpoint(root, step, model_state=None, optimizer=None, loop_state=loop_state,
                              rank=acc.process_index, is_main=acc.is_main_process, keep=keep,
@@ -459,15 +459,12 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
         acc.load_state(str(path / "engine"), load_module_strict=False)  # frozen weights are not in it
     elif fsdp:
         fsdp_mod.load_state(model, _torch_optimizer(optimizer), path / "fsdp")
-        rng = ckpt.load_rng(path, acc.process_index)
-        if rng is not None:
-            torch.set_rng_state(rng)
     else:
-        saved = ckpt.load_checkpoint(path, acc.process_index)
+        saved = ckpt.load_checkpoint(path)
         model.load_state_dict({**model.state_dict(), **saved["model"]})
         ckpt.optimizer_from_flat(_torch_optimizer(optimizer), saved["optimizer"], saved["optimizer_meta"])
-        if saved["rng"] is not None:
-            torch.set_rng_state(saved["rng"])
+    if not sharded and (rng := ckpt.load_rng(path, acc.process_index)) is not None:
+        torch.set_rng_state(rng)  # DeepSpeed's own state restores its RNG
     scheduler.load_state_dict(state["scheduler"])
     step = state["step"]
     if world is not None and world != acc.num_processes:
@@ -480,6 +477,11 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
                   f"{acc.num_processes} at step {step} (the same examples seen; "
                   f"{'its FSDP shards are resharded' if fsdp else 'a DDP checkpoint holds the whole state'})")
     return step
+
+
+def _mode(acc: Accelerator, fsdp: bool) -> str:
+    """The distributed mode as recorded in checkpoints and distributed.json (FSDP is headway's own, on a DDP-type group)."""
+    return "FSDP" if fsdp else str(acc.distributed_type)
 
 
 def _torch_optimizer(optimizer):
@@ -512,7 +514,7 @@ def _write_sync_check(acc: Accelerator, out: Path, model: torch.nn.Module, train
     ranks = gather_object(mine) if acc.num_processes > 1 else mine
     if acc.is_main_process:
         (out / "distributed.json").write_text(json.dumps({
-            "num_processes": acc.num_processes, "distributed_type": "FSDP" if fsdp else str(acc.distributed_type),
+            "num_processes": acc.num_processes, "distributed_type": _mode(acc, fsdp),
             "zero_stage": zero_stage(acc), "fingerprints": [r["fingerprint"] for r in ranks],
             "peak_memory_mb": [r["peak_memory_mb"] for r in ranks],
             "train_tokens_per_s": tokens * acc.num_processes / max(train_seconds, 1e-9)}))
