@@ -71,9 +71,12 @@ EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5",
                "dynamic": None}  # the drafter's default: EAGLE-2 settings sized for the device
 
 
-def eagle_methods(target, folder: str, trees) -> dict:
+def eagle_methods(target, folder: str, trees, taken=()) -> dict:
+    """One method per tree; a second drafter of the same version is labelled with its folder too."""
     head = load_drafter(folder)
     label = f"eagle{head.config.version}"
+    if any(name.startswith(label + " ") for name in taken):
+        label = f"{label} ({Path(folder).name})"
     return {f"{label} {name}": ("headway", SpeculativeGenerator(target, head, tree=EAGLE_TREES[name])) for name in trees}
 
 
@@ -95,7 +98,7 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
         print(f"(no Medusa heads at {heads_dir}: run `make demo` first to include them)")
     for folder in eagle_dirs if "eagle" in families else ():
         if Path(folder, "config.json").is_file():
-            out.update(eagle_methods(target, folder, eagle_trees))
+            out.update(eagle_methods(target, folder, eagle_trees, out))
         else:
             print(f"(no EAGLE drafter at {folder}: run `make demo` first to include it)")
     if draft_layers and "draft-model" in families:

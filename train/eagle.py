@@ -35,8 +35,14 @@ class EagleLossConfig:
     ce_weight: float = 0.1  # EAGLE-1: weight of the soft cross-entropy against the target's distribution
     reg_weight: float = 1.0  # EAGLE-1: weight of the SmoothL1 feature regression
     chunk_size: int = DEFAULT_CHUNK_SIZE  # rows per block of the fused cross-entropy (0: unchunked, [n, V'] logits kept)
+    # Positions trained on: "assistant" (the answers only, as EAGLE and SpecForge do) or "all" (every
+    # real token, prompts and chat template too). The labels are the target's own distribution at each
+    # position, so every position is valid self-distillation; held-out accuracy is always over answers.
+    positions: str = "assistant"
 
     def __post_init__(self):
+        if self.positions not in ("assistant", "all"):
+            raise ValueError(f"loss.positions must be 'assistant' or 'all', got {self.positions!r}")
         if self.ttt_steps < 1:
             raise ValueError(f"loss.ttt_steps must be >= 1, got {self.ttt_steps}")
         if self.noise < 0 or self.ce_weight < 0 or self.reg_weight < 0:
@@ -84,6 +90,8 @@ class EagleTrainingModule(torch.nn.Module):
                 argmax = logits.argmax(-1)
             else:
                 feats = capture_features(target, batch["input_ids"], self.layers, batch["attention_mask"])
+        if self.training and self.loss.positions == "all":
+            batch = {**batch, "loss_mask": batch["attention_mask"]}
         feats = feats.float()  # cached features are stored in bf16
         last = self.layers.index(self.depth)
         final = feats[..., last * hsz:(last + 1) * hsz]  # [B, T, H] the target's final-norm states

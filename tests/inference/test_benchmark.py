@@ -61,3 +61,18 @@ def test_repeats_pool_the_runs_and_report_each(tmp_path, capsys):
     assert "runs" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         benchmark.main([*args, "--repeats", "0"])
+
+
+def test_two_drafters_of_one_version_both_run(tmp_path):
+    """Two --eagle folders of the same EAGLE version: each gets its own rows (the second is labelled
+    with its folder), instead of the second silently replacing the first."""
+    from headway.heads import EagleHead
+    from headway.heads.target import load_target
+
+    target, _ = load_target("tiny-random-llama")
+    for name in ("a", "b"):
+        EagleHead.from_target(target, version=3).save_pretrained(tmp_path / name)
+    table = benchmark.methods(target, None, 0, [str(tmp_path / "a"), str(tmp_path / "b")], ["chain-3"],
+                              families=("eagle",))
+    assert list(table) == ["plain", "eagle3 chain-3", "eagle3 (b) chain-3"]
+    assert table["eagle3 chain-3"][1] is not table["eagle3 (b) chain-3"][1]

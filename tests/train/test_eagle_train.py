@@ -127,6 +127,32 @@ def test_tiny_training_learns_and_exports(tmp_path, version):
     assert final["step0/top1"] == pytest.approx(greedy, abs=0.005), (final["step0/top1"], greedy)
 
 
+@pytest.mark.parametrize("version", [3, 1])
+def test_positions_all_trains_on_every_real_token_and_evaluates_answers(version):
+    """loss.positions=all: in training every real token's next-token distribution is learnt (prompt
+    and template too: the labels are the target's own); held-out evaluation stays on the answers."""
+    from headway.heads.target import load_target
+    from headway.train.eagle import EagleLossConfig
+
+    cfg = tiny_cfg(EAGLE3 if version == 3 else EAGLE1, "unused")
+    target, _ = load_target(cfg.model)
+    head = EagleHead.from_target(target, version=version)
+    ids = torch.randint(0, target.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    attention = torch.ones_like(ids)
+    attention[1, 9:] = 0  # row 1: 9 real tokens, then padding
+    answer = torch.zeros_like(ids)
+    answer[0, 8:] = 1  # row 0: a 4-token answer after an 8-token prompt
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": answer}
+    counts = {}
+    for positions in ("assistant", "all"):
+        module = EagleTrainingModule(head, target, EagleLossConfig(ttt_steps=2, positions=positions))
+        counts[positions] = int(module.train()(batch)[1]["step0/count"]), int(module.eval()(batch)[1]["step0/count"])
+    # step 0 counts the rows whose token t+2 is trained: the answer's last 4 (assistant) or every real one
+    assert counts == {"assistant": (4, 4), "all": (10 + 7, 4)}, counts
+    with pytest.raises(ValueError, match="loss.positions must be 'assistant' or 'all'"):
+        EagleLossConfig(positions="answers")
+
+
 def test_eagle1_reduced_draft_vocabulary(tmp_path):
     """EAGLE-1 scores through the target's lm_head rows of a reduced draft vocabulary; its top-1 is
     still the greedy acceptance rate (a target token outside the draft vocabulary is a miss)."""
