@@ -72,11 +72,12 @@ EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5",
 
 
 def eagle_methods(target, folder: str, trees, taken=()) -> dict:
-    """One method per tree; a second drafter of the same version is labelled with its folder too."""
+    """One method per tree. A drafter whose label is already ``taken`` (another drafter of the same
+    version) is labelled with its folder's name too, or with the whole path where that is taken as well."""
     head = load_drafter(folder)
-    label = f"eagle{head.config.version}"
-    if any(name.startswith(label + " ") for name in taken):
-        label = f"{label} ({Path(folder).name})"
+    version = f"eagle{head.config.version}"
+    candidates = (version, f"{version} ({Path(folder).name})", f"{version} ({folder})")
+    label = next((c for c in candidates if not any(name.startswith(c + " ") for name in taken)), candidates[-1])
     return {f"{label} {name}": ("headway", SpeculativeGenerator(target, head, tree=EAGLE_TREES[name])) for name in trees}
 
 

@@ -70,9 +70,9 @@ def test_two_drafters_of_one_version_both_run(tmp_path):
     from headway.heads.target import load_target
 
     target, _ = load_target("tiny-random-llama")
-    for name in ("a", "b"):
-        EagleHead.from_target(target, version=3).save_pretrained(tmp_path / name)
-    table = benchmark.methods(target, None, 0, [str(tmp_path / "a"), str(tmp_path / "b")], ["chain-3"],
-                              families=("eagle",))
-    assert list(table) == ["plain", "eagle3 chain-3", "eagle3 (b) chain-3"]
-    assert table["eagle3 chain-3"][1] is not table["eagle3 (b) chain-3"][1]
+    folders = [tmp_path / "a", tmp_path / "b", tmp_path / "c" / "b"]  # the third shares the second's folder name
+    for folder in folders:
+        EagleHead.from_target(target, version=3).save_pretrained(folder)
+    table = benchmark.methods(target, None, 0, [str(f) for f in folders], ["chain-3"], families=("eagle",))
+    assert list(table) == ["plain", "eagle3 chain-3", "eagle3 (b) chain-3", f"eagle3 ({folders[2]}) chain-3"]
+    assert len({id(method) for _, method in table.values()}) == 4
