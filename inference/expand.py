@@ -26,6 +26,14 @@ from headway.inference.tree import Tree
 from headway.inference.verify import SamplingParams
 
 
+def _flag(value) -> bool:
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.strip().lower() in ("true", "1", "yes")
+    if isinstance(value, (bool, int)):
+        return bool(value)
+    raise ValueError(f"prune must be true or false, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class DynamicTree:
     """EAGLE-2 dynamic tree settings (the paper: depth 6, top_k 10, total_tokens 60 on GPUs)."""
@@ -33,6 +41,7 @@ class DynamicTree:
     depth: int = 5  # draft steps (levels grown)
     top_k: int = 4  # children per expanded node, and nodes expanded per level
     total_tokens: int = 10  # draft nodes kept after the rerank (verification width - 1)
+    prune: bool = True  # skip frontier nodes that can have no kept descendant (the same tree, fewer draft rows)
 
     def __post_init__(self):
         if self.depth < 1 or self.top_k < 1 or self.total_tokens < 1:
@@ -49,13 +58,13 @@ class DynamicTree:
         if "total_token" in spec:  # EAGLE's own spelling
             spec.setdefault("total_tokens", spec.pop("total_token"))
         try:
-            return cls(**{k: int(v) for k, v in spec.items()})
+            return cls(**{k: _flag(v) if k == "prune" else int(v) for k, v in spec.items()})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad dynamic tree settings {spec}: {exc}") from None
 
     @property
     def name(self) -> str:
-        return f"dynamic-d{self.depth}-k{self.top_k}-n{self.total_tokens}"
+        return f"dynamic-d{self.depth}-k{self.top_k}-n{self.total_tokens}" + ("" if self.prune else "-unpruned")
 
 
 @dataclasses.dataclass
@@ -138,8 +147,13 @@ def expand_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_
     """EAGLE-2's dynamic tree: grow ``settings.depth`` levels (at most ``max_depth``), expanding the
     ``top_k`` best nodes of each level by cumulative log-probability, then keep the
     ``total_tokens`` best of all candidates (a child never scores above its parent, so the kept set
-    is closed under ancestors). Returns a Draft with deterministic candidates (q None)."""
-    k, depth = settings.top_k, min(settings.depth, max_depth)
+    is closed under ancestors). Returns a Draft with deterministic candidates (q None).
+
+    ``settings.prune``: do not feed a frontier node that already scores below ``total_tokens`` other
+    candidates (none of its descendants could be kept), and stop once no frontier node is left.
+    The kept tree is EAGLE-2's own (up to exact ties in score); only the wasted draft rows and
+    levels go, which on a CPU, where every row costs, is most of a deep tree's drafting."""
+    k, depth, total = settings.top_k, min(settings.depth, max_depth), settings.total_tokens
     exp = Expansion([-1], [root_token], [0])
     score = [0.0]  # cumulative log-probability per node
     frontier, logits = [0], root_logits[None]
@@ -157,9 +171,14 @@ def expand_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_
         if level + 1 == depth:
             break
         frontier = sorted(new, key=lambda n: (-score[n], n))[:k]  # the best k of this level grow on
+        if settings.prune and len(score) > total:
+            bar = sorted(score[1:], reverse=True)[total - 1]  # the total-th best candidate so far
+            frontier = [n for n in frontier if score[n] >= bar]
+            if not frontier:
+                break
         frontier.sort()
         logits = _run_feed(feed, exp, frontier)
-    keep = sorted(range(1, len(exp.parents)), key=lambda n: (-score[n], exp.depths[n], n))[:settings.total_tokens]
+    keep = sorted(range(1, len(exp.parents)), key=lambda n: (-score[n], exp.depths[n], n))[:total]
     keep_set = set(keep)
     # parents first: order by (depth, score) and renumber
     order = [0] + sorted(keep, key=lambda n: (exp.depths[n], -score[n], n))

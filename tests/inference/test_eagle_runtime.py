@@ -74,11 +74,46 @@ def test_dynamic_tree_shape_and_scores():
     assert expand_dynamic(settings, 0, 7, torch.randn(20), feed).tree.size == 1
 
 
+@pytest.mark.parametrize("depth,top_k,total", [(5, 3, 7), (6, 4, 15), (3, 4, 7), (4, 2, 30)])
+def test_dynamic_tree_pruning_keeps_eagle2_tree_and_feeds_fewer_rows(depth, top_k, total):
+    """Skipping frontier nodes that already rank below total_tokens candidates changes nothing kept."""
+    fed = {True: 0, False: 0}
+
+    def drafter(prune):
+        table = {}  # logits depend on the whole path (as a drafter's attention over its ancestors does)
+
+        def feed(exp, nodes):
+            fed[prune] += len(nodes)
+            rows = []
+            for n in nodes:
+                path, m = [], n
+                while m >= 0:
+                    path.append(exp.tokens[m])
+                    m = exp.parents[m]
+                gen = torch.Generator().manual_seed(hash((seed, *path)) % 2**31)
+                rows.append(torch.randn(50, generator=gen) * 2)
+            return torch.stack(rows)
+        return feed
+
+    settings = DynamicTree(depth=depth, top_k=top_k, total_tokens=total)
+    unpruned = DynamicTree.from_spec({"depth": depth, "top_k": top_k, "total_tokens": total, "prune": 0})
+    assert unpruned.name.endswith("-unpruned") and not unpruned.prune
+    for seed in range(40):
+        root = torch.randn(50, generator=torch.Generator().manual_seed(seed)) * 2
+        a = expand_dynamic(settings, 10, 7, root, drafter(True))
+        b = expand_dynamic(unpruned, 10, 7, root, drafter(False))
+        assert a.tree.parents == b.tree.parents and torch.equal(a.tokens, b.tokens)
+    assert fed[True] < fed[False] or total >= top_k ** 2 * depth
+
+
 def test_bad_trees(family, eagle):
     with pytest.raises(ValueError, match="unknown dynamic tree setting"):
         SpeculativeGenerator(family.target, eagle[3], tree={"depth": 4, "width": 3})
     with pytest.raises(ValueError, match="must be >= 1"):
         SpeculativeGenerator(family.target, eagle[3], tree={"depth": 0})
+    with pytest.raises(ValueError, match="prune must be true or false"):
+        SpeculativeGenerator(family.target, eagle[3], tree={"depth": 3, "prune": "sometimes"})
+    assert not DynamicTree.from_spec({"prune": "false"}).prune and DynamicTree.from_spec({"prune": "yes"}).prune
     with pytest.raises(ValueError, match="offers only top-150"):
         SpeculativeGenerator(family.target, eagle[3], tree=[[0], [200]])
     with pytest.raises(ValueError, match="grow their own tree"):
