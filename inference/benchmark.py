@@ -68,7 +68,11 @@ MEDUSA_TREES = ("chain-1", "chain-2", "chain-3", "tree-7", "tree-15")
 EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5", "tree-7": "tree-7",
                "tree-15": "tree-15", "dynamic-7": {"depth": 5, "top_k": 3, "total_tokens": 7},
                "dynamic-15": {"depth": 6, "top_k": 4, "total_tokens": 15},
-               "dynamic": None}  # the drafter's default: EAGLE-2 settings sized for the device
+               "dynamic": None,  # the drafter's default: EAGLE-2 settings sized for the device
+               # the same trees feeding every frontier node, as EAGLE-2's code does (not run by default)
+               "dynamic-7-unpruned": {"depth": 5, "top_k": 3, "total_tokens": 7, "prune": False},
+               "dynamic-15-unpruned": {"depth": 6, "top_k": 4, "total_tokens": 15, "prune": False}}
+DEFAULT_EAGLE_TREES = [name for name in EAGLE_TREES if not name.endswith("-unpruned")]
 
 
 def eagle_methods(target, folder: str, trees, taken=()) -> dict:
@@ -81,7 +85,7 @@ def eagle_methods(target, folder: str, trees, taken=()) -> dict:
     return {f"{label} {name}": ("headway", SpeculativeGenerator(target, head, tree=EAGLE_TREES[name])) for name in trees}
 
 
-def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eagle_trees=tuple(EAGLE_TREES),
+def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eagle_trees=tuple(DEFAULT_EAGLE_TREES),
             medusa_trees=MEDUSA_TREES, families=FAMILIES) -> dict:
     """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator), for the chosen families."""
     out = {"plain": ("hf", {})}
@@ -214,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--heads", default=str(Path("outputs", "demo", "quick", "heads")), help="trained Medusa heads")
     p.add_argument("--eagle", action="append", default=[], help="a trained EAGLE drafter folder (repeatable)")
-    p.add_argument("--eagle-trees", default=",".join(EAGLE_TREES), help=f"EAGLE trees, of {list(EAGLE_TREES)}")
+    p.add_argument("--eagle-trees", default=",".join(DEFAULT_EAGLE_TREES),
+                   help=f"EAGLE trees, of {list(EAGLE_TREES)} (default: all but the unpruned ones)")
     p.add_argument("--medusa-trees", default=",".join(MEDUSA_TREES), help="Medusa trees")
     p.add_argument("--methods", default=",".join(FAMILIES),
                    help=f"method families to run next to plain greedy, of {list(FAMILIES)}")

@@ -9,6 +9,9 @@ def test_parser_defaults_are_relative_to_the_current_directory():
     args = benchmark.build_parser().parse_args([])
     assert args.heads == "outputs/demo/quick/heads" and args.out == "outputs/benchmark"
     assert args.methods.split(",") == list(benchmark.FAMILIES)
+    # the unpruned EAGLE-2 trees are there to compare with, not run by default
+    assert args.eagle_trees.split(",") == [t for t in benchmark.EAGLE_TREES if "unpruned" not in t]
+    assert {"dynamic-7-unpruned", "dynamic-15-unpruned"} < set(benchmark.EAGLE_TREES)
 
 
 def test_unknown_method_family_is_rejected_before_loading(capsys):
@@ -76,3 +79,7 @@ def test_two_drafters_of_one_version_both_run(tmp_path):
     table = benchmark.methods(target, None, 0, [str(f) for f in folders], ["chain-3"], families=("eagle",))
     assert list(table) == ["plain", "eagle3 chain-3", "eagle3 (b) chain-3", f"eagle3 ({folders[2]}) chain-3"]
     assert len({id(method) for _, method in table.values()}) == 4
+    table = benchmark.methods(target, None, 0, [str(folders[0])], ["dynamic-7", "dynamic-7-unpruned"],
+                              families=("eagle",))
+    trees = [method.tree for _, method in list(table.values())[1:]]
+    assert [t.prune for t in trees] == [True, False] and trees[0].depth == trees[1].depth == 5
