@@ -41,7 +41,7 @@ CONFIG = ROOT / "configs" / "medusa" / "smollm2-135m.yaml"
 EAGLE_CONFIG = ROOT / "configs" / "eagle" / "eagle3-smollm2-135m.yaml"
 SIZES = {  # prompts, new tokens per answer, Medusa epochs, EAGLE-3 epochs
     "quick": dict(prompts=240, max_new_tokens=96, epochs=8, eagle_epochs=11),
-    "long": dict(prompts=960, max_new_tokens=96, epochs=6, eagle_epochs=4),
+    "long": dict(prompts=960, max_new_tokens=96, epochs=6, eagle_epochs=6),
 }
 
 
