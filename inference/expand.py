@@ -24,14 +24,7 @@ import torch
 from headway.inference.drafter import Draft, sample_children
 from headway.inference.tree import Tree
 from headway.inference.verify import SamplingParams
-
-
-def _flag(value) -> bool:
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.strip().lower() in ("true", "1", "yes")
-    if isinstance(value, (bool, int)):
-        return bool(value)
-    raise ValueError(f"prune must be true or false, got {value!r}")
+from headway.train.config import parse_bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +51,7 @@ class DynamicTree:
         if "total_token" in spec:  # EAGLE's own spelling
             spec.setdefault("total_tokens", spec.pop("total_token"))
         try:
-            return cls(**{k: _flag(v) if k == "prune" else int(v) for k, v in spec.items()})
+            return cls(**{k: parse_bool(v, "prune") if k == "prune" else int(v) for k, v in spec.items()})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad dynamic tree settings {spec}: {exc}") from None
 

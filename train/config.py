@@ -20,6 +20,20 @@ class ConfigError(ValueError):
     """A config file or override that does not fit the dataclass."""
 
 
+TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def parse_bool(value: Any, key: str) -> bool:
+    """A YAML/CLI/JSON flag: a bool, 0 or 1, or true/false/1/0/yes/no in any case; else a ConfigError naming ``key``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
+        return value.strip().lower() in TRUE
+    raise ConfigError(f"{key}: expected true/false, got {value!r}")
+
+
 def _field_types(cls) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
@@ -54,11 +68,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:
         return value
     if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return parse_bool(value, key)
     if tp in (int, float):
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {value!r}")

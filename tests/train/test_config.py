@@ -54,6 +54,16 @@ def test_overrides_and_types(tmp_path):
     assert isinstance(cfg.train.lr, float) and isinstance(cfg.train.max_steps, int)
 
 
+def test_parse_bool_is_the_one_flag_parser():
+    from headway.train.config import parse_bool
+
+    for value, want in [(True, True), (0, False), (1, True), ("Yes", True), (" false ", False), ("0", False)]:
+        assert parse_bool(value, "k") is want
+    for value in ["maybe", 2, 0.5, None]:
+        with pytest.raises(ConfigError, match="k: expected true/false"):
+            parse_bool(value, "k")
+
+
 @pytest.mark.parametrize("override, match", [
     ("train.lrr=1", "train.lrr"),
     ("bogus=1", "bogus"),
