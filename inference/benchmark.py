@@ -77,10 +77,13 @@ DEFAULT_EAGLE_TREES = [name for name in EAGLE_TREES if not name.endswith("-unpru
 
 def eagle_methods(target, folder: str, trees, taken=()) -> dict:
     """One method per tree. A drafter whose label is already ``taken`` (another drafter of the same
-    version) is labelled with its folder's name too, or with the whole path where that is taken as well."""
+    version) is labelled with its folder's name too, or with the whole path where that is taken as well
+    or the folder's name is the label itself (two runs' ``eagle3`` folders)."""
     head = load_drafter(folder)
     version = f"eagle{head.config.version}"
-    candidates = (version, f"{version} ({Path(folder).name})", f"{version} ({folder})")
+    name = Path(folder).name
+    # a folder named like the label itself ("outputs/x/eagle3") tells nothing: its whole path then
+    candidates = (version, *([f"{version} ({name})"] if name != version else []), f"{version} ({folder})")
     label = next((c for c in candidates if not any(name.startswith(c + " ") for name in taken)), candidates[-1])
     return {f"{label} {name}": ("headway", SpeculativeGenerator(target, head, tree=EAGLE_TREES[name])) for name in trees}
 

@@ -79,6 +79,11 @@ def test_two_drafters_of_one_version_both_run(tmp_path):
     table = benchmark.methods(target, None, 0, [str(f) for f in folders], ["chain-3"], families=("eagle",))
     assert list(table) == ["plain", "eagle3 chain-3", "eagle3 (b) chain-3", f"eagle3 ({folders[2]}) chain-3"]
     assert len({id(method) for _, method in table.values()}) == 4
+    runs = [tmp_path / "run1" / "eagle3", tmp_path / "run2" / "eagle3"]  # two training runs' default folder names
+    for folder in runs:
+        EagleHead.from_target(target, version=3).save_pretrained(folder)
+    table = benchmark.methods(target, None, 0, [str(f) for f in runs], ["chain-3"], families=("eagle",))
+    assert list(table)[1:] == ["eagle3 chain-3", f"eagle3 ({runs[1]}) chain-3"]
     table = benchmark.methods(target, None, 0, [str(folders[0])], ["dynamic-7", "dynamic-7-unpruned"],
                               families=("eagle",))
     trees = [method.tree for _, method in list(table.values())[1:]]
