@@ -81,9 +81,9 @@ def eagle_methods(target, folder: str, trees, taken=()) -> dict:
     or the folder's name is the label itself (two runs' ``eagle3`` folders)."""
     head = load_drafter(folder)
     version = f"eagle{head.config.version}"
-    name = Path(folder).name
+    base = Path(folder).name
     # a folder named like the label itself ("outputs/x/eagle3") tells nothing: its whole path then
-    candidates = (version, *([f"{version} ({name})"] if name != version else []), f"{version} ({folder})")
+    candidates = (version, *([f"{version} ({base})"] if base != version else []), f"{version} ({folder})")
     label = next((c for c in candidates if not any(name.startswith(c + " ") for name in taken)), candidates[-1])
     return {f"{label} {name}": ("headway", SpeculativeGenerator(target, head, tree=EAGLE_TREES[name])) for name in trees}
 
