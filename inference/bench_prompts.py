@@ -12,15 +12,15 @@ import inspect
 import random
 import textwrap
 
-from headway.train.data import default_prompts, packaged_conversations
+from headway.train.data import held_out_prompts, packaged_conversations
 
-HELD_OUT_START = 2000  # the demo trains on the first few hundred default prompts
 COPY_KINDS = ("edit function", "rename variable", "correct spelling", "repeat paragraph")
 SOURCE_MODULES = ("textwrap", "shutil", "fnmatch", "posixpath", "glob", "string", "json.encoder", "csv")
 
 
 def chat_prompts(n: int) -> list[str]:
-    return default_prompts(seed=0)[HELD_OUT_START:HELD_OUT_START + n]
+    """n held-out chat prompts: packaged prompts that ``generate_data.py`` never answers for training."""
+    return held_out_prompts(n)
 
 
 def copy_prompts(n: int) -> list[str]:

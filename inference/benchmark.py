@@ -39,6 +39,7 @@ from headway.inference.bench_prompts import chat_prompts, copy_prompts
 from headway.inference.draft_model import DraftModelDrafter
 from headway.inference.generator import SpeculativeGenerator
 from headway.inference.prompt_lookup import PromptLookup
+from headway.train.data import HELD_OUT_SIZE
 
 FAMILIES = ("hf-lookup", "lookup", "medusa", "eagle", "draft-model")  # plain greedy always runs: the reference
 
@@ -250,6 +251,9 @@ def main(argv=None) -> dict:
         p.error(f"unknown --methods {sorted(set(families) - set(FAMILIES))}; choose from {list(FAMILIES)}")
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if not 0 <= args.prompts <= HELD_OUT_SIZE:
+        p.error(f"--prompts {args.prompts}: only {HELD_OUT_SIZE} packaged chat prompts are held out of training; "
+                f"use 0 to {HELD_OUT_SIZE}")
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.model, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     eos = tokenizer.eos_token_id

@@ -32,7 +32,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from headway.train.checkpoint import atomic_write_text
-from headway.train.data import default_data_path, default_prompts, load_conversations
+from headway.train.data import default_data_path, load_conversations, training_prompts
 from headway.train.launch import launch_state, main_process_first, my_units, rank_and_world, wait_for_everyone
 
 logger = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, or 'smollm2-135m' (packaged)")
     p.add_argument("--out", default=None, help="output JSONL (default: the path training reads for this model)")
-    p.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS, help="how many prompts to answer")
+    p.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS, help="how many prompts to answer (the packaged ones skip the benchmark's held-out prompts)")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="0 = greedy, >0 = sampled")
@@ -291,7 +291,7 @@ def main(argv=None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         prompts = read_prompts(args.prompts)[: args.num_prompts] if args.prompts else \
-            default_prompts(limit=args.num_prompts, seed=args.seed)
+            training_prompts(limit=args.num_prompts, seed=args.seed)
         out = Path(args.out) if args.out else default_data_path(args.model)
         from headway.heads.target import load_target
 

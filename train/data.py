@@ -200,6 +200,27 @@ def default_prompts(limit: int | None = None, seed: int = 0) -> list[str]:
     return mixed if limit is None else mixed[:limit]
 
 
+# The benchmark's held-out chat prompts: a window of the seed-0 default prompts that no training
+# set drawn with ``training_prompts`` contains, however many prompts it asks for or which seed.
+HELD_OUT_START = 2000  # prompts before it are unchanged, so data sets of up to 2000 answers keep their bytes
+HELD_OUT_SIZE = 200
+
+
+def held_out_prompts(n: int = HELD_OUT_SIZE) -> list[str]:
+    """The first ``n`` held-out prompts (never in ``training_prompts``)."""
+    if not 0 <= n <= HELD_OUT_SIZE:
+        raise ValueError(f"{n} held-out prompts asked for, but only {HELD_OUT_SIZE} are kept out of training; "
+                         f"use at most {HELD_OUT_SIZE}")
+    return default_prompts(seed=0)[HELD_OUT_START:HELD_OUT_START + n]
+
+
+def training_prompts(limit: int | None = None, seed: int = 0) -> list[str]:
+    """``default_prompts(seed=seed)`` without the held-out benchmark prompts (compared as ``_dedupe`` does)."""
+    held = {p.casefold() for p in held_out_prompts()}
+    kept = [p for p in default_prompts(seed=seed) if p.casefold() not in held]
+    return kept if limit is None else kept[:limit]
+
+
 # ---------------------------------------------------------------------------------------------
 # Records -> conversations
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,12 @@ def test_unknown_method_family_is_rejected_before_loading(capsys):
     assert "unknown --methods ['medusa2']" in capsys.readouterr().err
 
 
+def test_more_chat_prompts_than_are_held_out_is_rejected_before_loading(capsys):
+    with pytest.raises(SystemExit):
+        benchmark.main(["--methods", "lookup", "--prompts", "201"])
+    assert "--prompts 201: only 200 packaged chat prompts are held out of training" in capsys.readouterr().err
+
+
 def test_copy_prompts_mix_the_kinds_in_turn(monkeypatch):
     monkeypatch.setattr(bench_prompts, "passages", lambda: [f"passage number {i} about something" for i in range(10)])
     prompts = bench_prompts.copy_prompts(6)

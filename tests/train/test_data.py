@@ -283,3 +283,19 @@ def test_default_prompts():
     assert any(p in chitchat for p in prompts) and any(p in chatterbot for p in prompts)
     assert all(p in chitchat or p in chatterbot for p in prompts)
     assert len(D.default_prompts()) > 1000
+
+
+def test_training_prompts_never_hold_the_benchmark_prompts():
+    everything = D.default_prompts()
+    held = D.held_out_prompts()
+    assert held == everything[D.HELD_OUT_START:D.HELD_OUT_START + D.HELD_OUT_SIZE]
+    # Up to the window the training prompts are the default ones, so cached data sets keep their bytes.
+    assert D.training_prompts(limit=D.HELD_OUT_START) == everything[:D.HELD_OUT_START]
+    keys = {p.casefold() for p in held}
+    for seed in (0, 1):
+        train = D.training_prompts(seed=seed)
+        assert len(train) == len(everything) - D.HELD_OUT_SIZE
+        assert not keys & {p.casefold() for p in train}
+    assert D.training_prompts(limit=D.HELD_OUT_START + 1)[-1] == everything[D.HELD_OUT_START + D.HELD_OUT_SIZE]
+    with pytest.raises(ValueError, match="at most 200"):
+        D.held_out_prompts(D.HELD_OUT_SIZE + 1)
