@@ -39,7 +39,6 @@ from headway.inference.bench_prompts import chat_prompts, copy_prompts
 from headway.inference.draft_model import DraftModelDrafter
 from headway.inference.generator import SpeculativeGenerator
 from headway.inference.prompt_lookup import PromptLookup
-from headway.train.data import HELD_OUT_SIZE
 
 FAMILIES = ("hf-lookup", "lookup", "medusa", "eagle", "draft-model")  # plain greedy always runs: the reference
 
@@ -251,9 +250,11 @@ def main(argv=None) -> dict:
         p.error(f"unknown --methods {sorted(set(families) - set(FAMILIES))}; choose from {list(FAMILIES)}")
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
-    if not 0 <= args.prompts <= HELD_OUT_SIZE:
-        p.error(f"--prompts {args.prompts}: only {HELD_OUT_SIZE} packaged chat prompts are held out of training; "
-                f"use 0 to {HELD_OUT_SIZE}")
+    try:  # before the model loads: too many held-out prompts fails at once
+        chat = chat_prompts(args.prompts)
+    except ValueError as exc:
+        p.error(f"--prompts {args.prompts}: {exc}")
+    groups = {g: prompts for g, prompts in (("chat", chat), ("copy", copy_prompts(args.copy_prompts))) if prompts}
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.model, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     eos = tokenizer.eos_token_id
@@ -263,8 +264,6 @@ def main(argv=None) -> dict:
         p.error(f"unknown --eagle-trees {unknown}; choose from {list(EAGLE_TREES)}")
     table = methods(target, args.heads, args.draft_layers, args.eagle, eagle_trees,
                     [t for t in args.medusa_trees.split(",") if t], families)
-    groups = {g: prompts for g, prompts in (("chat", chat_prompts(args.prompts)), ("copy", copy_prompts(args.copy_prompts)))
-              if prompts}
     device = next(target.parameters()).device
     if device.type != "cpu":  # first calls on a GPU pay for kernel selection and allocator growth: not timed
         warm = tokenizer("Hello there, how are you today?", return_tensors="pt")["input_ids"].to(device)

@@ -209,8 +209,8 @@ HELD_OUT_SIZE = 200
 def held_out_prompts(n: int = HELD_OUT_SIZE) -> list[str]:
     """The first ``n`` held-out prompts (never in ``training_prompts``)."""
     if not 0 <= n <= HELD_OUT_SIZE:
-        raise ValueError(f"{n} held-out prompts asked for, but only {HELD_OUT_SIZE} are kept out of training; "
-                         f"use at most {HELD_OUT_SIZE}")
+        raise ValueError(f"only {HELD_OUT_SIZE} packaged chat prompts are held out of training, not {n}; "
+                         f"use a count from 0 up to at most {HELD_OUT_SIZE}")
     return default_prompts(seed=0)[HELD_OUT_START:HELD_OUT_START + n]
 
 
