@@ -2,16 +2,17 @@
 
 The plain way (``F.linear`` then ``F.cross_entropy``) keeps each projection's [n, V] log-softmax
 alive until backward, so a loss over several heads or unrolled steps holds heads x [n, V] floats
-at its peak. Here a custom autograd function walks the rows in chunks: forward keeps only the
-per-row logsumexp [n] (and the counts), backward recomputes each chunk's logits and turns them
-into ``d_x`` and ``d_W`` at once. Peak memory is one chunk's [chunk, V] logits and their softmax
-whatever the number of heads, for one extra projection matmul in backward. Same idea as Liger
-Kernel's fused linear cross-entropy and Cut Cross-Entropy (Wijmans et al., 2024, arXiv:2411.09009).
+at its peak. Here a custom autograd function walks the rows in chunks, and since the loss is a sum
+of row losses it turns each chunk's softmax straight into that chunk's share of ``d_x`` and ``d_W``
+during forward (as Liger Kernel's fused linear cross-entropy does); backward only scales them by
+the incoming gradient. Peak memory is one chunk's [chunk, V] logits and their softmax whatever the
+number of heads, plus the saved ``d_x`` [n, H] and ``d_W`` [V, H]; no product is recomputed.
+Related: Cut Cross-Entropy (Wijmans et al., 2024, arXiv:2411.09009).
 
 Two kinds of target, one row per token:
 - hard: ``labels`` [n] target indices; row loss ``logsumexp(l) - l[label]``;
 - soft: the distribution ``p = softmax(target_x @ target_W.T)`` (EAGLE's target distribution,
-  itself chunked and never differentiated); row loss ``-sum_v p_v log_softmax(l)_v``.
+  itself chunked and never differentiated), or ``p`` given as log-probabilities; row loss ``-sum_v p_v log_softmax(l)_v``.
 Only rows marked ``learn`` carry loss; top-1 / top-k counts cover every row (a label outside
 ``[0, V)`` is a miss), so they add up across micro-batches like the losses' other counts.
 """
@@ -64,74 +65,83 @@ def _chunk_logits(x: torch.Tensor, w: torch.Tensor, acc: torch.dtype) -> torch.T
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
-    """(x [n, H], W [V, H]) -> (loss_sum [], top1 [], topk []); saves x, W and [n] row stats only."""
+    """(x [n, H], W [V, H]) -> (loss_sum [], top1 [], topk []).
+
+    The loss is a sum of row losses, so its gradients are known once the forward has seen each
+    chunk's softmax: forward turns every chunk straight into its share of ``d_x`` and ``d_W``
+    (``d row / d logits`` = q - p, or q - onehot) and saves those, and backward only scales them
+    by the incoming gradient. Three [c, V] x H products per chunk (logits, d_x, d_W) instead of
+    four (backward recomputing the logits), and with soft targets given as (x, W) their logits
+    once instead of twice. Saved for backward: d_x [n, H] and d_W [V, H] only."""
 
     @staticmethod
-    def forward(ctx, x, weight, labels, learn, target_x, target_weight, chunk_size: int, k: int):
+    def forward(ctx, x, weight, labels, learn, target_x, target_weight, target_logp, chunk_size: int, k: int,
+                need_x: bool, need_w: bool):
         dtype = _compute_dtype(x)
         acc = torch.promote_types(dtype, torch.float32)  # softmax statistics in fp32 at least
-        n, soft = x.shape[0], target_x is not None
-        lse = x.new_empty(n, dtype=acc)  # [n] logsumexp of each row's logits
-        t_lse = x.new_empty(n, dtype=acc) if soft else None  # [n] the same for the soft targets
+        n, soft = x.shape[0], target_x is not None or target_logp is not None
         own_labels = labels is None  # soft targets: count against the target's own argmax
         if own_labels:
             labels = torch.empty(n, dtype=torch.long, device=x.device)
         loss = x.new_zeros((), dtype=acc)
         top1 = topk = torch.zeros((), dtype=torch.long, device=x.device)
+        dx = torch.empty_like(x) if need_x else None  # [n, H]
+        dw = weight.new_zeros(weight.shape, dtype=acc) if need_w else None  # [V, H] summed over chunks
         with torch.autocast(x.device.type, enabled=False):
             w = weight.to(dtype)
-            tw = target_weight.to(dtype) if soft else None
+            tw = target_weight.to(dtype) if target_x is not None else None
             for s in range(0, n, chunk_size):
                 e = min(s + chunk_size, n)
-                logits = _chunk_logits(x[s:e], w, acc)  # [c, V]
-                lse[s:e] = logits.logsumexp(-1)
+                xc = x[s:e].to(dtype)
+                logits = _chunk_logits(xc, w, acc)  # [c, V]
+                lse = logits.logsumexp(-1)  # [c]
+                p = None
                 if soft:
-                    t = _chunk_logits(target_x[s:e], tw, acc)  # [c, V] the target's logits
-                    t_lse[s:e] = t.logsumexp(-1)
+                    if target_logp is not None:  # the target's log-probabilities, computed once by the caller
+                        t = target_logp[s:e].to(acc)  # [c, V]
+                    else:
+                        t = _chunk_logits(target_x[s:e], tw, acc)  # [c, V] the target's logits
+                        t = t.sub_(t.logsumexp(-1, keepdim=True))
                     if own_labels:
                         labels[s:e] = t.argmax(-1)
-                    p = t.sub_(t_lse[s:e, None]).exp_()  # [c, V] in place: one chunk-sized buffer fewer
-                    row = lse[s:e] - p.mul_(logits).sum(-1)  # [c]: sum(p) = 1
+                    p = t.exp_() if target_logp is None else t.exp()  # [c, V] the target's distribution
+                    row = lse - (p * logits).sum(-1)  # [c]: sum(p) = 1
                 else:
-                    row = lse[s:e] - logits.gather(1, labels[s:e].clamp(0, logits.shape[1] - 1)[:, None])[:, 0]
-                loss = loss + row[learn[s:e]].sum()
-                h1, hk = topk_counts(logits, labels[s:e], torch.ones_like(learn[s:e]), k=min(k, logits.shape[1]))
+                    row = lse - logits.gather(1, labels[s:e].clamp(0, logits.shape[1] - 1)[:, None])[:, 0]
+                keep = learn[s:e]
+                loss = loss + row[keep].sum()
+                h1, hk = topk_counts(logits, labels[s:e], torch.ones_like(keep), k=min(k, logits.shape[1]))
                 top1, topk = top1 + h1, topk + hk
-        ctx.save_for_backward(x, weight, labels, learn, target_x, target_weight, lse, t_lse)
-        ctx.chunk_size, ctx.dtype = chunk_size, dtype
+                if not (need_x or need_w):
+                    continue
+                d = logits.sub_(lse[:, None]).exp_()  # [c, V] softmax q, in place
+                if p is None:  # d row / d logits = q - onehot(label)
+                    d.scatter_add_(1, labels[s:e].clamp(0, d.shape[1] - 1)[:, None], d.new_full((e - s, 1), -1.0))
+                else:  # = q - p
+                    d.sub_(p)
+                d = d.mul_(keep.to(acc)[:, None]).to(dtype)  # [c, V]: rows without loss give nothing
+                if need_x:
+                    dx[s:e] = (d @ w).to(x.dtype)
+                if need_w and dtype == acc:
+                    dw.addmm_(d.T, xc)  # in place: no [V, H] temporary
+                elif need_w:
+                    dw += (d.T @ xc).to(acc)
+        dw = dw.to(weight.dtype) if need_w else None
+        ctx.save_for_backward(dx, dw)
         ctx.mark_non_differentiable(top1, topk)
         return loss, top1, topk
 
     @staticmethod
     def backward(ctx, grad_loss, _g1, _gk):
-        x, weight, labels, learn, target_x, target_weight, lse, t_lse = ctx.saved_tensors
-        need_x, need_w = ctx.needs_input_grad[:2]
-        dtype, acc, n = ctx.dtype, lse.dtype, x.shape[0]
-        dx = torch.empty_like(x) if need_x else None  # [n, H]
-        dw = weight.new_zeros(weight.shape, dtype=acc) if need_w else None  # [V, H] summed over chunks
-        scale = learn.to(acc) * grad_loss.to(acc)  # [n]: d loss_sum / d row loss
-        with torch.autocast(x.device.type, enabled=False):
-            w = weight.to(dtype)
-            tw = target_weight.to(dtype) if target_x is not None else None
-            for s in range(0, n, ctx.chunk_size):
-                e = min(s + ctx.chunk_size, n)
-                d = _chunk_logits(x[s:e], w, acc).sub_(lse[s:e, None]).exp_()  # [c, V] softmax q, in place
-                if target_x is None:  # d row / d logits = q - onehot(label)
-                    d.scatter_add_(1, labels[s:e].clamp(0, d.shape[1] - 1)[:, None], d.new_full((e - s, 1), -1.0))
-                else:  # = q - p
-                    d.sub_(_chunk_logits(target_x[s:e], tw, acc).sub_(t_lse[s:e, None]).exp_())
-                d = d.mul_(scale[s:e, None]).to(dtype)  # [c, V]
-                if need_x:
-                    dx[s:e] = (d @ w).to(x.dtype)
-                if need_w and dtype == acc:
-                    dw.addmm_(d.T, x[s:e].to(dtype))  # in place: no [V, H] temporary
-                elif need_w:
-                    dw += (d.T @ x[s:e].to(dtype)).to(acc)
-        return dx, (dw.to(weight.dtype) if need_w else None), None, None, None, None, None, None
+        dx, dw = ctx.saved_tensors
+        dx = dx * grad_loss.to(dx.dtype) if dx is not None else None
+        dw = dw * grad_loss.to(dw.dtype) if dw is not None else None
+        return dx, dw, None, None, None, None, None, None, None, None, None
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor | None = None, *,
-                         learn: torch.Tensor | None = None, target: tuple[torch.Tensor, torch.Tensor] | None = None,
+                         learn: torch.Tensor | None = None,
+                         target: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None = None,
                          project: Callable[[torch.Tensor], torch.Tensor] | None = None,
                          chunk_size: int = DEFAULT_CHUNK_SIZE, k: int = 5):
     """Summed cross-entropy of ``x @ weight.T`` and its top-1 / top-k counts, chunked over rows.
@@ -140,8 +150,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     the hard loss and the counts (-1: not in the vocabulary, a miss); with soft targets labels
     only feed the counts (None: the target's own argmax). learn: [n] bool rows that carry loss
     (default: labels >= 0 for hard targets, every row for soft ones). target: (target_x [n, H_t],
-    target_weight [V, H_t]) for soft targets softmax(target_x @ target_weight.T), never
-    differentiated. project: the module's own ``x -> logits`` for the unchunked path (default
+    target_weight [V, H_t]) for soft targets softmax(target_x @ target_weight.T), or those targets'
+    log-probabilities [n, V] when the caller has them (a target shared by several calls is then
+    projected once); never differentiated. project: the module's own ``x -> logits`` for the unchunked path (default
     ``F.linear(x, weight)``). chunk_size: rows per chunk; 0 keeps the whole [n, V] logits for
     autograd (the plain path, for reference and measurement).
     Returns (loss_sum [] fp32, top1 [] long, topk [] long).
@@ -157,9 +168,17 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     if chunk_size == 0 or partitioned:
         logits = project(x) if project is not None else F.linear(x, weight.to(x.dtype))
         t_logits = None
-        if target is not None:
+        if isinstance(target, torch.Tensor):
+            t_logits = target.detach()  # log-probabilities: their softmax is the distribution itself
+        elif target is not None:
             with torch.no_grad():
                 t_logits = F.linear(target[0], target[1].to(target[0].dtype))
         return logits_cross_entropy(logits, labels, learn, t_logits, k)
-    tx, tw = (target[0].detach(), target[1].detach()) if target is not None else (None, None)
-    return _FusedLinearCrossEntropy.apply(x, weight, labels, learn, tx, tw, chunk_size, k)
+    tx = tw = t_logp = None
+    if isinstance(target, torch.Tensor):
+        t_logp = target.detach()
+    elif target is not None:
+        tx, tw = target[0].detach(), target[1].detach()
+    grad = torch.is_grad_enabled()  # forward computes the gradients, so it must know whether any are wanted
+    return _FusedLinearCrossEntropy.apply(x, weight, labels, learn, tx, tw, t_logp, chunk_size, k,
+                                          grad and x.requires_grad, grad and weight.requires_grad)

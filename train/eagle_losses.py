@@ -115,6 +115,9 @@ def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: tor
             valid &= t2d[chosen.clamp_min(0)] >= 0  # the loss learns where the target's choice is in the draft vocabulary
         # accuracy labels: the target's argmax at position t+1 (draft index; -1 outside the draft vocabulary: a miss)
         labels_all = t2d[chosen.clamp_min(0)] if t2d is not None else chosen
+        # the target's log-probabilities over the draft vocabulary at positions 1 .. T-1, projected once
+        # for every unrolled step (step i reads row t+i): [B, N, V'], B*N*V' floats while the loss runs
+        t_logp = F.linear(last[:, 1:].float(), target_rows.float()).log_softmax(-1)
     hidden = head.input_hidden(features[:, :-1])  # [B, N, H]
     positions = torch.arange(n, device=features.device)[None].expand(b, -1)
     ttt = TTTKeys()  # not a list: see TTTKeys
@@ -129,7 +132,7 @@ def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: tor
             # the draft's logits lm_head(norm h) against the target's distribution at position t+1+i
             ce_sum, top1, top5 = linear_cross_entropy(
                 head.norm(h[rb, rt]), head.lm_head.weight, labels_all[rb, rt + i], learn=learn,
-                target=(last[:, 1:][rb, rt + i].float(), target_rows), project=head.lm_head, chunk_size=chunk_size)
+                target=t_logp[rb, rt + i], project=head.lm_head, chunk_size=chunk_size)
             total = total + decay ** i * ce_sum / learn.sum().clamp_min(1)
             metrics.update(_counts(f"step{i}", ce_sum, top1, top5, count))
         else:  # nothing to learn at this depth in this batch: keep the graph whole (DDP)
