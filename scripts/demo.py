@@ -1,7 +1,7 @@
 """The main job on the embedded default, end to end and offline.
 
     python scripts/demo.py            (make demo)       about 20 minutes on a 2-core CPU
-    python scripts/demo.py --long     (make demo-long)  2,000 answers: about 2.5 hours on a 2-core CPU
+    python scripts/demo.py --long     (make demo-long)  2,800 answers: about 2 hours on a 2-core CPU
 
 1. converts the packaged SmolLM2-135M-Instruct (GGUF) to safetensors, once;
 2. self-distils a data set: the target answers real prompts from the packaged text;
@@ -42,7 +42,7 @@ EAGLE_CONFIG = ROOT / "configs" / "eagle" / "eagle3-smollm2-135m.yaml"
 SIZES = {  # prompts, new tokens per answer, Medusa epochs, EAGLE-3 epochs
     "quick": dict(prompts=240, max_new_tokens=96, epochs=8, eagle_epochs=11),
     # 960 answers x 6 epochs gave EAGLE-3 tree-7 tau 2.50, 2,000 x 3 gave 2.55, 2,000 x 6 gave 2.74 (BENCHMARKS.md)
-    "long": dict(prompts=2000, max_new_tokens=96, epochs=3, eagle_epochs=6),
+    "long": dict(prompts=2800, max_new_tokens=96, epochs=2, eagle_epochs=6),
 }
 GEN_BATCH = 16  # prompts answered per batch: about 1.3 s per prompt on the 2-core CPU (1 thread)
 
@@ -54,14 +54,16 @@ def step(title: str) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="headway demo: Medusa heads and an EAGLE-3 drafter for SmolLM2-135M, offline")
-    parser.add_argument("--long", action="store_true", help="more data and epochs (about 2.5 hours on 2 cores)")
+    parser.add_argument("--long", action="store_true", help="more data and epochs (about 2 hours on 2 cores)")
     parser.add_argument("--out", default=str(ROOT / "outputs" / "demo"), help="where the heads and caches go")
     args = parser.parse_args(argv)
     size = SIZES["long" if args.long else "quick"]
-    torch.set_num_threads(1)
+    cores = torch.get_num_threads()  # torch's default: the physical cores
+    torch.set_num_threads(1)  # generation and the benchmark: 1 thread is fastest for one sequence on a small CPU
     out = Path(args.out) / ("long" if args.long else "quick")
     data = headway_cache_dir() / "data" / f"{DEFAULT_MODEL}-selfdistill-{size['prompts']}x{size['max_new_tokens']}.jsonl"
     common = [f"data.source={data}"]
+    train_threads = f"train.num_threads={cores}"  # training's wide products use every core (1.6x with 2 here)
     t_all = time.perf_counter()
 
     t = step("1/6 target model: SmolLM2-135M-Instruct from the packaged GGUF")
@@ -76,15 +78,15 @@ def main(argv=None) -> None:
 
     t = step("3/6 caching the frozen target's features once for both drafters (layers 2, 15, 27, 30; bf16)")
     feats = out / "features"
-    cache_features.main(["--config", str(EAGLE_CONFIG), "--out", str(feats), *common])
+    cache_features.main(["--config", str(EAGLE_CONFIG), "--out", str(feats), "--threads", str(cores), *common])
     print(f"   ({time.perf_counter() - t:.0f} s)")
 
     t = step("4/6 training Medusa heads and an EAGLE-3 drafter on the cached features")
-    mcfg = load_config(MedusaRunConfig, CONFIG, [*common, f"features={feats}", f"train.epochs={size['epochs']}",
+    mcfg = load_config(MedusaRunConfig, CONFIG, [*common, train_threads, f"features={feats}", f"train.epochs={size['epochs']}",
                                                  f"train.output_dir={out / 'heads'}"])
     medusa = train_medusa(mcfg)
     t_medusa = time.perf_counter() - t
-    ecfg = load_config(EagleRunConfig, EAGLE_CONFIG, [*common, f"features={feats}",
+    ecfg = load_config(EagleRunConfig, EAGLE_CONFIG, [*common, train_threads, f"features={feats}",
                                                       f"train.epochs={size['eagle_epochs']}",
                                                       f"train.output_dir={out / 'eagle3'}"])
     eagle = train_eagle(ecfg)

@@ -60,6 +60,10 @@ class TrainConfig:
     log_every: int = 10  # optimizer steps between metric logs
     trackers: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])  # accelerate trackers
     num_threads: int | None = None  # torch CPU threads per process (None = torch default)
+    # Batches of similar lengths (less padding): each epoch's shuffled order is cut into groups of this
+    # many global batches, each group sorted by length, cut into batches and those shuffled (as
+    # transformers' group_by_length does). 0 = plain shuffled batches.
+    group_by_length: int = 0
     fsdp: bool = False  # shard the drafter's weights, gradients and optimizer state (FSDP2); also set by an accelerate FSDP config
 
     def __post_init__(self):
@@ -69,10 +73,32 @@ class TrainConfig:
             raise ValueError(f"max_steps must be >= 1 or null, got {self.max_steps}")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.group_by_length < 0:
+            raise ValueError(f"group_by_length must be >= 0 (0: off), got {self.group_by_length}")
         if self.log_every < 1 or self.eval_batch_size < 1:
             raise ValueError(f"log_every and eval_batch_size must be >= 1, got {self.log_every}, {self.eval_batch_size}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
+
+
+def epoch_order(lengths: list[int], epoch: int, seed: int, batch: int, group: int = 0) -> torch.Tensor:
+    """The order of the training sequences in one epoch: [n] indices, the same on every process.
+
+    lengths: [n] tokens per sequence; batch: sequences per global batch (every process's share of one
+    micro-step); group: 0 for a plain shuffle, else that many global batches are sorted by length
+    together and cut into batches, whose order within the group is shuffled again."""
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(len(lengths), generator=g)
+    if not group:
+        return order
+    size = group * batch
+    out = []
+    for s in range(0, len(order), size):
+        chunk = order[s:s + size]
+        chunk = chunk[torch.tensor([lengths[i] for i in chunk.tolist()]).argsort(descending=True, stable=True)]
+        batches = list(chunk.split(batch))
+        out += [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
+    return torch.cat(out)
 
 
 class Method(Protocol):
@@ -304,6 +330,8 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
         raise ValueError(f"{len(train_data)} training sequences are fewer than one optimizer step needs "
                          f"({global_batch} = batch_size x processes x grad_accum); lower batch_size or add data")
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
+    lengths = ((train_data.lengths() if hasattr(train_data, "lengths") else [len(e["input_ids"]) for e in train_data])
+               if cfg.group_by_length else [0] * len(train_data))  # cached features: read without their rows
     warmup = max(1, int(cfg.warmup_ratio * total_steps)) if cfg.warmup_ratio > 0 else 0
 
     model = method.model
@@ -351,7 +379,7 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     train_tokens, train_start = 0, time.perf_counter()  # this process's tokens since the (re)start
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
-        order = torch.randperm(len(train_data), generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
+        order = epoch_order(lengths, epoch, cfg.seed, cfg.batch_size * acc.num_processes, cfg.group_by_length)
         if hasattr(method, "set_step"):
             method.set_step(step)  # e.g. a loss weight warmed up over optimizer steps
         loss_value = 0.0
