@@ -413,7 +413,7 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
         if step % cfg.log_every == 0 or step == total_steps:
             elapsed = time.perf_counter() - t0
             record = {"step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0],
-                      "tokens_per_s": tokens * acc.num_processes / max(elapsed, 1e-9),
+                      "tokens_per_s": tokens * acc.num_processes / max(elapsed, 1e-9), "seconds": elapsed,
                       **{f"train/{k}": v for k, v in summarize({k: float(v) for k, v in running.items()}).items()}}
             running, tokens, t0 = {}, 0, time.perf_counter()
             _log(acc, out, record, cfg)
