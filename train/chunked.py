@@ -12,7 +12,8 @@ Related: Cut Cross-Entropy (Wijmans et al., 2024, arXiv:2411.09009).
 Two kinds of target, one row per token:
 - hard: ``labels`` [n] target indices; row loss ``logsumexp(l) - l[label]``;
 - soft: the distribution ``p = softmax(target_x @ target_W.T)`` (EAGLE's target distribution,
-  itself chunked and never differentiated), or ``p`` given as log-probabilities; row loss ``-sum_v p_v log_softmax(l)_v``.
+  itself chunked and never differentiated), or ``p`` given as log-probabilities; row loss
+  ``-sum_v p_v log_softmax(l)_v``.
 Only rows marked ``learn`` carry loss; top-1 / top-k counts cover every row (a label outside
 ``[0, V)`` is a miss), so they add up across micro-batches like the losses' other counts.
 """
