@@ -377,9 +377,12 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     running: dict[str, torch.Tensor] = {}
     tokens, t0 = 0, time.perf_counter()
     train_tokens, train_start = 0, time.perf_counter()  # this process's tokens since the (re)start
+    order, order_epoch = None, -1
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
-        order = epoch_order(lengths, epoch, cfg.seed, cfg.batch_size * acc.num_processes, cfg.group_by_length)
+        if epoch != order_epoch:  # once per epoch, not per step: grouping walks every sequence's length
+            order, order_epoch = epoch_order(lengths, epoch, cfg.seed, cfg.batch_size * acc.num_processes,
+                                             cfg.group_by_length), epoch
         if hasattr(method, "set_step"):
             method.set_step(step)  # e.g. a loss weight warmed up over optimizer steps
         loss_value = 0.0
