@@ -418,11 +418,16 @@ class EagleHead(DraftVocabulary, Drafter):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V'] draft logits (map indices with ``to_target_ids``)."""
+        return F.linear(*self.projection(h))
+
+    def projection(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[..., H] -> (the vocabulary projection's input [..., H], its weight [V', H]): ``logits`` is
+        ``F.linear`` of the two (the runtime may pick another kernel for the same product)."""
         if self.config.version == 3:
-            return self.lm_head(self.norm(h))
+            return self.norm(h), self.lm_head.weight
         if not self._bound:
             raise RuntimeError("EAGLE-1 scores through the target's lm_head: call head.bind_target(target) first")
-        return F.linear(h, self._bound[1].to(h.dtype))
+        return h, self._bound[1].to(h.dtype)
 
     @classmethod
     def from_pretrained(cls, folder_or_hub_id, *, version: int | None = None, **kwargs):

@@ -206,6 +206,10 @@ def run_generate(args) -> int:
     else:
         from headway.inference import SpeculativeGenerator
 
+        from headway.inference.cpu_gemm import pack_linears
+
+        if args.pack_linears:
+            pack_linears(target)  # float32 CPU only: the verification passes' GEMMs on prepacked weights
         generator = torch.Generator(device).manual_seed(args.seed) if args.seed is not None else None
         gen = SpeculativeGenerator(target, drafter, tree=parse_tree(args.tree))
         out = gen.generate(ids, max_new_tokens=args.max_new_tokens, generator=generator, eos_token_id=eos,
@@ -238,6 +242,10 @@ def add_generate(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: %(default)s)")
+    p.add_argument("--pack-linears", action=argparse.BooleanOptionalAction, default=True,
+                   help="with a drafter on a float32 CPU target: prepack the target's linear weights for the "
+                        "multi-row verification passes (~10%% faster rounds, twice the linear weights' memory; "
+                        "no-op elsewhere)")
     p.add_argument("--seed", type=int, help="seed for sampling")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.set_defaults(run=run_generate)

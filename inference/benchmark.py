@@ -21,6 +21,9 @@ own, subtracted from plain; the runtime's own prefill time subtracted from it) n
 tau * t(1) / (t(k) + t_draft) from the same run (t(1): plain decode time per token; t(k),
 t_draft: the runtime's verify and draft time per pass), the bookkeeping share of round time, and
 whether every output is identical to plain greedy. Writes results.json and acceptance.png.
+
+A float32 CPU target's linear weights are prepacked for multi-row passes (``--no-pack-linears``:
+MKL's GEMM as loaded); plain decoding's one-row steps run the same kernel either way.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 from headway.heads import load_drafter
 from headway.heads.target import DEFAULT_MODEL, load_target
 from headway.inference.bench_prompts import chat_prompts, copy_prompts
+from headway.inference.cpu_gemm import pack_linears
 from headway.inference.draft_model import DraftModelDrafter
 from headway.inference.generator import SpeculativeGenerator
 from headway.inference.prompt_lookup import PromptLookup
@@ -237,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1,
                    help="run the whole prompt set this many times; the table pools them and adds each run's speedup")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest and steadiest on small CPUs)")
+    p.add_argument("--pack-linears", action=argparse.BooleanOptionalAction, default=True,
+                   help="float32 CPU target: prepack its linear weights for multi-row passes (verification, prefill; "
+                        "one-row plain decoding keeps its kernel), see headway.inference.cpu_gemm; no-op elsewhere")
     p.add_argument("--out", default=str(Path("outputs", "benchmark")))
     return p
 
@@ -258,6 +265,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.model, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     eos = tokenizer.eos_token_id
+    packed = pack_linears(target) if args.pack_linears else 0
     eagle_trees = [t for t in args.eagle_trees.split(",") if t]
     unknown = sorted(set(eagle_trees) - set(EAGLE_TREES))
     if unknown:
@@ -283,7 +291,8 @@ def main(argv=None) -> dict:
                 s["speedup_runs"] = [summarize(run[g][name], run[g]["plain"], pre[g])["speedup"] for run, pre in runs]
     for group, per in results.items():
         print(f"\n{group} ({len(groups[group])} prompts, {args.max_new_tokens} new tokens max, {device.type}, "
-              f"{str(target.dtype).removeprefix('torch.')}, {args.threads} thread(s))")
+              f"{str(target.dtype).removeprefix('torch.')}, {args.threads} thread(s)"
+              f"{f', {packed} linears packed' if packed else ''})")
         print(f"{'method':<36} {'tau':>5} {'tok/s':>6} {'speedup':>8} {'decode':>7} {'bound':>6} {'t(k)':>5} "
               f"{'draft':>6} {'/step':>6} {'bookk.':>6} {'same':>5}" + (f" {'runs':>11}" if args.repeats > 1 else ""))
         for name, s in per.items():
@@ -296,7 +305,7 @@ def main(argv=None) -> dict:
                   f"{'yes' if s['identical'] else 'NO':>5}{spread}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results, "raw": raw}, indent=1))
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "packed_linears": packed, "results": results, "raw": raw}, indent=1))
     plot(results, out / "acceptance.png")
     print(f"\nspeedup: whole calls{' (all repeats pooled; runs: each repeat alone, min-max)' if args.repeats > 1 else ''}; decode: prefill excluded on both sides; bound: tau*t(1)/(t(k)+t_draft); t(k), "
           f"draft: per verification pass, relative to plain decode time per token t(1); /step: draft time per drafted level.\nWrote {out}/results.json "

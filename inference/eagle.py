@@ -18,12 +18,13 @@ from __future__ import annotations
 import torch
 
 from headway.heads.eagle import DraftCache, EagleHead
+from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.drafter import Draft, DraftContext, Drafter, root_only
 from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
 from headway.inference.tree import Tree
 
-# EAGLE-2's settings scaled to a CPU, where a verification of 8 tokens costs ~1.8-2 plain steps and
-# of 16 ~2.3 (PERFORMANCE.md), and each dynamic draft level ~0.15 of one: 3 levels of top-4, 7
+# EAGLE-2's settings scaled to a CPU, where a verification of 8 tokens costs ~1.8-2 plain steps (~1.75 on
+# prepacked weights) and of 16 ~2.3 (PERFORMANCE.md), and each dynamic draft level ~0.15 of one: 3 levels of top-4, 7
 # nodes (measured against depth 4 / 8 nodes in BENCHMARKS.md: same tau, 0.92x vs 0.85x). On GPUs
 # the paper's depth 6 / top_k 10 / total 60 are the usual choice.
 CPU_DYNAMIC = DynamicTree(depth=3, top_k=4, total_tokens=7)
@@ -108,9 +109,7 @@ class EagleDrafter(Drafter):
             out = head(tok, hid, pos, attention_mask=mask, cache=self._cache)[0]  # [R, H]
             for r, n in enumerate(nodes):
                 hidden[n] = out[r]
-            if len(nodes) in (2, 3):  # CPU: a 2-3 row vocabulary projection is slower than 4 rows (PERFORMANCE.md)
-                return head.logits(torch.cat([out, out[:1].expand(4 - len(nodes), -1)]))[:len(nodes)]
-            return head.logits(out)  # [R, V']
+            return few_rows_linear(*head.projection(out))  # [R, V']
 
         to_target = head.to_target_ids
         if isinstance(tree, DynamicTree):

@@ -94,3 +94,20 @@ def test_two_drafters_of_one_version_both_run(tmp_path):
                               families=("eagle",))
     trees = [method.tree for _, method in list(table.values())[1:]]
     assert [t.prune for t in trees] == [True, False] and trees[0].depth == trees[1].depth == 5
+
+
+def test_pack_linears_flag_packs_the_float32_cpu_target(tmp_path, capsys):
+    """Default: the target's linears are prepacked (printed and recorded) and every output is still
+    identical to plain greedy; --no-pack-linears leaves the target as loaded."""
+    import json
+
+    args = ["--model", "tiny-random-llama", "--heads", "none", "--methods", "lookup", "--prompts", "1",
+            "--copy-prompts", "1", "--max-new-tokens", "8", "--out", str(tmp_path)]
+    packed = benchmark.main(args)
+    assert all(s["identical"] for per in packed.values() for s in per.values())
+    recorded = json.loads((tmp_path / "results.json").read_text())
+    assert recorded["packed_linears"] > 0 and recorded["args"]["pack_linears"] is True
+    assert "linears packed" in capsys.readouterr().out
+    benchmark.main([*args, "--no-pack-linears"])
+    assert json.loads((tmp_path / "results.json").read_text())["packed_linears"] == 0
+    assert "linears packed" not in capsys.readouterr().out

@@ -1,0 +1,107 @@
+"""Prepacked oneDNN GEMM for a CPU target's multi-row inference passes.
+
+On a CPU a verification pass over k tree tokens multiplies every weight by a k-row input. MKL's
+GEMM repacks the weight on each such call, which made a width-8 pass of the default target cost
+~2.0 plain steps here (PERFORMANCE.md); oneDNN's linear with the weight reordered once into its
+blocked layout cost ~1.8 in the same runs (BENCHMARKS.md, "Prepacked CPU GEMM"). Pure torch ops
+(``torch.ops.mkldnn``, what torch's own CPU freezing pass uses); no new math: the same products
+summed in another order, so logits move only by rounding (~1e-4), as between any two GEMM kernels.
+
+``pack_linears(model)`` gives every ``nn.Linear`` of a float32 CPU model a packed copy of its
+weight and routes calls with more than one input row, made without autograd, through it. One-row
+calls (plain decoding) keep the original kernel, bit for bit, and so does anything that needs
+gradients. A weight changed in place after packing is repacked at its next call. The packed
+copies double the memory of the linear weights; ``unpack_linears(model)`` drops them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_ATTR = "_headway_packed"  # (packed weight, the weight's version when packed) on each packed module
+
+
+def packing_available(model: nn.Module) -> str | None:
+    """None when ``model`` can be packed, else why not (one line)."""
+    p = next(model.parameters(), None)
+    if p is None:
+        return "the model has no parameters"
+    if p.device.type != "cpu":
+        return f"the model is on {p.device.type}, packing is for CPU inference"
+    if p.dtype != torch.float32:
+        return f"the model is {str(p.dtype).removeprefix('torch.')}, packing is for float32"
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "this torch build has no oneDNN linear"
+    return None
+
+
+def _pack(weight: torch.Tensor):
+    # [out, in] -> oneDNN's blocked layout, tuned for small row counts (a tree of a few to a few dozen tokens)
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8), weight._version
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # x [rows, in], packed weight -> [rows, out]
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _packed_forward(module: nn.Linear):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        w = module.weight
+        if rows <= 1 or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)) or x.dtype != w.dtype:
+            return F.linear(x, w, module.bias)
+        packed, version = getattr(module, _ATTR)
+        if version != w._version:  # the weight was changed in place (a load, an optimizer step)
+            packed, version = _pack(w)
+            setattr(module, _ATTR, (packed, version))
+        y = _packed_linear(x.reshape(rows, x.shape[-1]), packed, module.bias)
+        return y.view(*x.shape[:-1], y.shape[-1])  # [..., out]
+
+    return forward
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Pack every ``nn.Linear`` of ``model`` (idempotent). Returns how many are packed; 0 when the
+    model is not a float32 CPU model (see ``packing_available``), which is then left untouched."""
+    if packing_available(model) is not None:
+        return 0
+    count = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:  # subclasses (LoRA, quantized) keep their own forward
+            if not hasattr(module, _ATTR):
+                setattr(module, _ATTR, _pack(module.weight))
+                module.forward = _packed_forward(module)
+            count += 1
+    return count
+
+
+def unpack_linears(model: nn.Module) -> int:
+    """Drop the packed copies and restore the original forward; returns how many were packed."""
+    count = 0
+    for module in model.modules():
+        if hasattr(module, _ATTR):
+            delattr(module, _ATTR)
+            del module.forward  # the instance attribute: the class's forward again
+            count += 1
+    return count
+
+
+def is_packed(model: nn.Module) -> bool:
+    return any(hasattr(m, _ATTR) for m in model.modules())
+
+
+def few_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [R, in] @ weight [out, in].T -> [R, out] for a drafter's vocabulary projection.
+
+    On a CPU, 2-4 rows against a wide weight (a 576 x 8,192 draft vocabulary) ran at 3.8-5.3 ms as
+    ``F.linear`` and 2.5 ms as ``weight @ x.T`` over 4 rows (2-3 padded to 4), 1 row 1.9 ms either
+    way (BENCHMARKS.md, "Prepacked CPU GEMM"); other row counts and devices take ``F.linear``."""
+    rows = x.shape[0]
+    if x.device.type != "cpu" or x.dim() != 2 or not 1 < rows <= 4:
+        return F.linear(x, weight)
+    if rows < 4:
+        x = torch.cat([x, x[:1].expand(4 - rows, -1)])
+    return (weight @ x.T).T[:rows]
