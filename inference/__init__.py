@@ -5,6 +5,7 @@
     out.sequences, out.stats.mean_accepted_length
 """
 
+from headway.inference.cpu_gemm import pack_linears, unpack_linears
 from headway.inference.draft_model import DraftModelDrafter
 from headway.inference.drafter import Draft, DraftContext, Drafter, as_drafter
 from headway.inference.eagle import EagleDrafter
@@ -20,6 +21,6 @@ from headway.inference.verify import (SamplingParams, process_logits, verify_cha
 __all__ = [
     "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "GenerationStats", "MedusaDrafter", "PromptLookup",
     "SamplingParams", "SpeculativeGenerator", "SpeculativeOutput", "Tree", "as_drafter", "available_trees", "chain",
-    "compact_cache", "load_tree", "new_cache", "process_logits", "verify_chain_sampling", "verify_greedy",
+    "compact_cache", "load_tree", "new_cache", "pack_linears", "process_logits", "unpack_linears", "verify_chain_sampling", "verify_greedy",
     "verify_sampling", "verify_typical",
 ]
