@@ -5,11 +5,18 @@ This times the target over a chain of k tokens (plain causal attention) and over
 (4D tree mask) after a prompt of ``--prefix`` tokens, on the chosen device, and prints each ratio.
 
     python scripts/verify_cost.py [--model smollm2-135m] [--device cuda] [--prefix 512] [--ks 1,2,4,8,16,32,64]
+                                  [--no-pack-linears | --compare-packing]
+
+A float32 CPU target's linear weights are prepacked for multi-row passes as the runtime's
+``headway bench`` and ``headway generate`` do (``headway.inference.cpu_gemm``); t(1) keeps its kernel.
+``--compare-packing`` times the target as loaded and a prepacked copy side by side, in alternating
+blocks, and prints both ratios against the same t(1).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 
@@ -17,29 +24,40 @@ import torch
 
 from headway.heads.target import load_target
 from headway.inference.benchmark import sync_device
+from headway.inference.cpu_gemm import pack_linears, packing_available
 from headway.inference.kv_cache import crop_to, new_cache
 from headway.inference.tree import chain, load_tree
 from headway.inference.tree_attention import prefill, tree_forward
 
 
 @torch.no_grad()
-def seconds_per_pass(target, tree, prefix_ids: torch.Tensor, reps: int) -> float:
-    """Mean wall time of one tree_forward over ``tree`` after ``prefix_ids`` [1, T] (cache cropped back each time)."""
+def seconds_per_pass(targets, tree, prefix_ids: torch.Tensor, reps: int, rounds: int = 1) -> list[float]:
+    """Mean wall time of one tree_forward over ``tree`` after ``prefix_ids`` [1, T] (cache cropped back
+    each time), for each of ``targets``; with several, ``rounds`` alternating blocks of reps/rounds
+    passes each, so drift in the machine's speed falls on all of them alike."""
     device = prefix_ids.device
-    cache = new_cache(target)
-    prefill(target, cache, prefix_ids)
     t = prefix_ids.shape[1]
     tokens = prefix_ids[0, : len(tree.parents)]
-    for _ in range(max(2, reps // 10)):  # warm-up: kernel selection, allocator growth
-        tree_forward(target, cache, tree, tokens, t)
-        crop_to(cache, t)
-    sync_device(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        tree_forward(target, cache, tree, tokens, t)
-        crop_to(cache, t)
-    sync_device(device)
-    return (time.perf_counter() - start) / reps
+    caches = []
+    for target in targets:
+        cache = new_cache(target)
+        prefill(target, cache, prefix_ids)
+        for _ in range(max(2, reps // 10)):  # warm-up: kernel selection, allocator growth
+            tree_forward(target, cache, tree, tokens, t)
+            crop_to(cache, t)
+        caches.append(cache)
+    total = [0.0] * len(targets)
+    block = max(1, reps // rounds)
+    for _ in range(rounds):
+        for i, (target, cache) in enumerate(zip(targets, caches)):
+            sync_device(device)
+            start = time.perf_counter()
+            for _ in range(block):
+                tree_forward(target, cache, tree, tokens, t)
+                crop_to(cache, t)
+            sync_device(device)
+            total[i] += time.perf_counter() - start
+    return [x / (block * rounds) for x in total]
 
 
 def main(argv=None) -> dict:
@@ -51,28 +69,38 @@ def main(argv=None) -> dict:
     p.add_argument("--trees", default="tree-7,tree-15", help="static trees to time too")
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--pack-linears", action=argparse.BooleanOptionalAction, default=True,
+                   help="prepack a float32 CPU target's linear weights (no-op elsewhere)")
+    p.add_argument("--compare-packing", action="store_true",
+                   help="time the target as loaded and a prepacked copy side by side, alternating blocks of passes")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     target, _ = load_target(args.model, device=args.device)
+    if args.compare_packing:
+        packed_copy = copy.deepcopy(target)
+        if not pack_linears(packed_copy):
+            p.error(f"--compare-packing: nothing to pack ({packing_available(target)})")
+        variants = {"as loaded": target, "packed": packed_copy}
+    else:
+        variants = {"packed" if args.pack_linears and pack_linears(target) else "as loaded": target}
+    targets, rounds = list(variants.values()), 5 if len(variants) > 1 else 1
     ks = [int(k) for k in args.ks.split(",") if k]
     if 1 not in ks:
         ks = [1] + ks
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, target.config.vocab_size - 100, (1, args.prefix), generator=g).to(args.device)
-    t1 = seconds_per_pass(target, chain(0), ids, args.reps)
-    out = {"device": args.device, "dtype": str(target.dtype), "prefix": args.prefix, "t1_ms": 1000 * t1, "chain": {},
-           "tree": {}}
-    print(f"{args.model} on {args.device} ({target.dtype}), prefix {args.prefix}: t(1) = {1000 * t1:.2f} ms")
-    for k in ks:
-        if k > 1:
-            r = seconds_per_pass(target, chain(k - 1), ids, args.reps) / t1
-            out["chain"][k] = r
-            print(f"chain t({k})/t(1) = {r:.2f}")
-    for name in [t for t in args.trees.split(",") if t]:
-        tree = load_tree(name)
-        r = seconds_per_pass(target, tree, ids, args.reps) / t1
-        out["tree"][name] = r
-        print(f"{name} ({len(tree.parents)} nodes, tree mask) t/t(1) = {r:.2f}")
+    t1 = seconds_per_pass(targets, chain(0), ids, args.reps, rounds)[0]  # one-row passes: the same kernel in both
+    out = {"device": args.device, "dtype": str(target.dtype), "prefix": args.prefix, "variants": list(variants),
+           "packed_linears": "packed" in variants, "t1_ms": 1000 * t1, "chain": {}, "tree": {}}
+    print(f"{args.model} on {args.device} ({target.dtype}, {' vs '.join(variants)}), prefix {args.prefix}: "
+          f"t(1) = {1000 * t1:.2f} ms")
+    shapes = [(f"chain t({k})/t(1)", "chain", k, chain(k - 1)) for k in ks if k > 1]
+    shapes += [(f"{name} ({len(load_tree(name).parents)} nodes, tree mask) t/t(1)", "tree", name, load_tree(name))
+               for name in args.trees.split(",") if name]
+    for label, kind, key, tree in shapes:
+        ratios = [s / t1 for s in seconds_per_pass(targets, tree, ids, args.reps, rounds)]
+        out[kind][key] = ratios[0] if len(ratios) == 1 else dict(zip(variants, ratios))
+        print(f"{label} = " + ", ".join(f"{r:.2f}" + (f" {v}" if len(ratios) > 1 else "") for v, r in zip(variants, ratios)))
     print(json.dumps(out))
     return out
 

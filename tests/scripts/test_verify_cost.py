@@ -19,3 +19,12 @@ def test_verify_cost_runs_as_typed_and_reports_each_ratio():
 
     report = json.loads(lines[-1])
     assert report["device"] == "cpu" and report["t1_ms"] > 0 and set(report["chain"]) == {"2", "4"}
+    assert report["packed_linears"] is True and "packed" in next(x for x in lines if x.startswith("tiny-random-llama"))
+    res = subprocess.run([*cmd, "--no-pack-linears"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0 and json.loads(res.stdout.splitlines()[-1])["packed_linears"] is False
+    res = subprocess.run([*cmd, "--compare-packing"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads(res.stdout.splitlines()[-1])
+    assert report["variants"] == ["as loaded", "packed"]
+    assert set(report["tree"]["tree-7"]) == {"as loaded", "packed"} and all(r > 0 for r in report["tree"]["tree-7"].values())
+    assert any(x.startswith("chain t(2)/t(1) = ") and "as loaded" in x and "packed" in x for x in res.stdout.splitlines())
