@@ -1,17 +1,19 @@
 """Prepacked oneDNN GEMM for a CPU target's multi-row inference passes.
 
-On a CPU a verification pass over k tree tokens multiplies every weight by a k-row input. MKL's
-GEMM repacks the weight on each such call, which made a width-8 pass of the default target cost
-~2.0 plain steps here (PERFORMANCE.md); oneDNN's linear with the weight reordered once into its
-blocked layout cost ~1.8 in the same runs (BENCHMARKS.md, "Prepacked CPU GEMM"). Pure torch ops
+On a CPU a verification pass over k tree tokens multiplies every weight by a k-row input. With
+MKL's GEMM (torch's default) a pass of 2-8 rows of the default target cost 1.7-2.1 plain steps
+here (PERFORMANCE.md); oneDNN's linear on weights reordered once into its blocked layout cost
+1.2-1.95 in the same runs (BENCHMARKS.md, "Prepacked CPU GEMM"). Pure torch ops
 (``torch.ops.mkldnn``, what torch's own CPU freezing pass uses); no new math: the same products
 summed in another order, so logits move only by rounding (~1e-4), as between any two GEMM kernels.
 
-``pack_linears(model)`` gives every ``nn.Linear`` of a float32 CPU model a packed copy of its
-weight and routes calls with more than one input row, made without autograd, through it. One-row
-calls (plain decoding) keep the original kernel, bit for bit, and so does anything that needs
-gradients. A weight changed in place after packing is repacked at its next call. The packed
-copies double the memory of the linear weights; ``unpack_linears(model)`` drops them.
+``pack_linears(model)`` turns every ``nn.Linear`` of a float32 CPU model into a ``PackedLinear``
+(the same module, parameters and state dict, plus a packed copy of its weight) whose calls with
+more than one input row, made without autograd, use the packed copy. One-row calls (plain
+decoding) keep the original kernel, bit for bit, and so does anything that needs gradients or runs
+off float32 CPU (a module moved or cast later). A weight changed in place after packing is
+repacked at its next call, and a copy (``copy.deepcopy``) repacks its own. The packed copies
+double the memory of the linear weights; ``unpack_linears(model)`` drops them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-_ATTR = "_headway_packed"  # (packed weight, the weight's version when packed) on each packed module
 
 
 def packing_available(model: nn.Module) -> str | None:
@@ -37,9 +37,19 @@ def packing_available(model: nn.Module) -> str | None:
     return None
 
 
-def _pack(weight: torch.Tensor):
-    # [out, in] -> oneDNN's blocked layout, tuned for small row counts (a tree of a few to a few dozen tokens)
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8), weight._version
+class _Packed:
+    """A module's packed weight and the weight's version when packed. A copy (deepcopy, pickle) carries
+    no packed tensor (oneDNN's opaque layout has no storage to copy): it repacks at its first call."""
+
+    def __init__(self, weight: torch.Tensor | None = None):
+        self.tensor = None if weight is None else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
+        self.version = -1 if weight is None else weight._version
+
+    def __deepcopy__(self, memo):
+        return _Packed()
+
+    def __reduce__(self):
+        return _Packed, ()
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -47,20 +57,22 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _packed_forward(module: nn.Linear):
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        w = module.weight
-        if rows <= 1 or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)) or x.dtype != w.dtype:
-            return F.linear(x, w, module.bias)
-        packed, version = getattr(module, _ATTR)
-        if version != w._version:  # the weight was changed in place (a load, an optimizer step)
-            packed, version = _pack(w)
-            setattr(module, _ATTR, (packed, version))
-        y = _packed_linear(x.reshape(rows, x.shape[-1]), packed, module.bias)
-        return y.view(*x.shape[:-1], y.shape[-1])  # [..., out]
+class PackedLinear(nn.Linear):
+    """An ``nn.Linear`` whose multi-row, autograd-free calls use its prepacked weight (``pack_linears``
+    turns a module into one in place; ``unpack_linears`` turns it back)."""
 
-    return forward
+    _packed: _Packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        w = self.weight
+        if (rows <= 1 or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
+                or w.device.type != "cpu" or w.dtype != torch.float32 or x.dtype != w.dtype):
+            return F.linear(x, w, self.bias)
+        if self._packed.version != w._version:  # changed in place (a load, an optimizer step), or a copy
+            self._packed = _Packed(w)
+        y = _packed_linear(x.reshape(rows, x.shape[-1]), self._packed.tensor, self.bias)
+        return y.view(*x.shape[:-1], y.shape[-1])  # [..., out]
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -71,26 +83,25 @@ def pack_linears(model: nn.Module) -> int:
     count = 0
     for module in model.modules():
         if type(module) is nn.Linear:  # subclasses (LoRA, quantized) keep their own forward
-            if not hasattr(module, _ATTR):
-                setattr(module, _ATTR, _pack(module.weight))
-                module.forward = _packed_forward(module)
-            count += 1
+            module._packed = _Packed(module.weight)
+            module.__class__ = PackedLinear
+        count += type(module) is PackedLinear
     return count
 
 
 def unpack_linears(model: nn.Module) -> int:
-    """Drop the packed copies and restore the original forward; returns how many were packed."""
+    """Drop the packed copies and make the modules plain ``nn.Linear`` again; returns how many were packed."""
     count = 0
     for module in model.modules():
-        if hasattr(module, _ATTR):
-            delattr(module, _ATTR)
-            del module.forward  # the instance attribute: the class's forward again
+        if type(module) is PackedLinear:
+            del module._packed
+            module.__class__ = nn.Linear
             count += 1
     return count
 
 
 def is_packed(model: nn.Module) -> bool:
-    return any(hasattr(m, _ATTR) for m in model.modules())
+    return any(type(m) is PackedLinear for m in model.modules())
 
 
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import warnings
 import torch
 
 from headway.heads.features import FeatureCapture
+from headway.inference.cpu_gemm import is_packed
 from headway.inference.drafter import Draft, DraftContext, as_drafter
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
@@ -87,12 +88,13 @@ class SpeculativeGenerator:
             top-k ranks, or a ``Tree``.
         acceptance: "exact" (lossless) or "typical" (Medusa's typical acceptance: LOSSY, opt-in;
             the output then no longer follows the target's distribution).
-        pad_to: verification widths between 2 and pad_to-1 are padded to pad_to (CPU: the 2-3
-            row output projection is slower than 4 rows).
+        pad_to: verification widths between 2 and pad_to-1 are padded to pad_to. None (default):
+            4 (MKL's 2-3 row GEMMs on a CPU cost more than 4 rows), or 1 when the target's linears
+            are prepacked (``pack_linears``: there 2-3 rows cost less than 4).
         typical_threshold, typical_alpha: Medusa's epsilon and delta for acceptance="typical".
     """
 
-    def __init__(self, target_model, drafter, tree=None, acceptance: str = "exact", *, pad_to: int = 4,
+    def __init__(self, target_model, drafter, tree=None, acceptance: str = "exact", *, pad_to: int | None = None,
                  typical_threshold: float = 0.09, typical_alpha: float = 0.3):
         if acceptance not in ACCEPTANCE:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r} ('typical' is lossy)")
@@ -152,6 +154,7 @@ class SpeculativeGenerator:
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         drafter, layers = self.drafter, self.drafter.feature_layers
         context = self.context_length()
+        pad_to = self.pad_to if self.pad_to is not None else 1 if is_packed(self.target) else 4
         with contextlib.ExitStack() as stack:
             # forward hooks keep only the layers the drafter reads, for the positions it has not seen
             capture = stack.enter_context(FeatureCapture(self.target, layers)) if layers else None
@@ -180,7 +183,7 @@ class SpeculativeGenerator:
                 sync()
                 t1 = time.perf_counter()
                 logits, _, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
-                                                pad_to=self.pad_to, max_positions=context)
+                                                pad_to=pad_to, max_positions=context)
                 sync()
                 t2 = time.perf_counter()
                 if processors:  # each node scored as generate would score it after its own context

@@ -53,7 +53,26 @@ def test_pack_is_idempotent_and_unpack_restores():
     n = pack_linears(target)
     assert n > 0 and pack_linears(target) == n
     assert unpack_linears(target) == n and not is_packed(target)
-    assert "forward" not in vars(target.lm_head)  # the class's forward again
+    assert type(target.lm_head) is nn.Linear  # a plain Linear again
+
+
+def test_a_copy_of_a_packed_model_computes_with_its_own_weights():
+    import copy
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8))
+    pack_linears(net)
+    twin = copy.deepcopy(net)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)
+        x = torch.randn(5, 16)
+        ref = torch.nn.functional.linear(torch.nn.functional.linear(x, twin[0].weight, twin[0].bias), twin[1].weight,
+                                         twin[1].bias)
+        assert is_packed(twin) and torch.allclose(twin(x), ref, atol=1e-5)
+        assert not torch.allclose(net(x), ref, atol=1e-3)  # the original keeps its own weights
+        twin.to(torch.float64)  # cast later: off float32, the plain kernel
+        assert twin(x.double()).dtype == torch.float64
 
 
 def test_not_packed_off_float32_cpu():
@@ -93,3 +112,19 @@ def test_few_rows_linear_is_the_same_product(rows):
     x, w = torch.randn(rows, 24), torch.randn(300, 24)
     out = few_rows_linear(x, w)
     assert out.shape == (rows, 300) and torch.allclose(out, torch.nn.functional.linear(x, w), atol=1e-5)
+
+
+def test_packed_target_verifies_two_and_three_rows_unpadded():
+    """MKL's 2-3 row GEMMs cost more than 4 rows, so an unpacked CPU target pads those widths to 4;
+    packed, 2-3 rows cost less than 4 and are not padded. The output is the same."""
+    target, _ = build_tiny_target("llama", seed=5)
+    gen = SpeculativeGenerator(target, DraftModelDrafter(noisy_copy(target, seed=5), gamma=2))
+    prompt = torch.randint(4, target.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
+    plain = gen.generate(prompt, max_new_tokens=16)
+    assert set(plain.stats.verify_width_per_step) - {1} == {4}  # 3 nodes (root + 2 drafts) padded to 4; 1: the last token
+    pack_linears(target)
+    packed = gen.generate(prompt, max_new_tokens=16)
+    assert torch.equal(packed.sequences, plain.sequences)
+    assert set(packed.stats.verify_width_per_step) - {1} <= {2, 3} and 3 in packed.stats.verify_width_per_step
+    forced = SpeculativeGenerator(target, DraftModelDrafter(noisy_copy(target, seed=5), gamma=2), pad_to=4)
+    assert set(forced.generate(prompt, max_new_tokens=16).stats.verify_width_per_step) - {1} == {4}

@@ -33,6 +33,27 @@ def test_smollm2_greedy_equals_generate(smollm2):
 
 
 @pytest.mark.slow
+def test_smollm2_packed_greedy_equals_unpacked_generate(smollm2):
+    """The default as `headway bench` and `headway generate` run it: linears prepacked for the verification
+    passes, output still exactly plain greedy on the model as loaded."""
+    from headway.inference import pack_linears, unpack_linears
+
+    model, tokenizer = smollm2
+    heads = MedusaHeads.from_target(model, MedusaConfig(num_heads=3, share_lm_head=True))
+    prompts = [tokenizer(text, return_tensors="pt").input_ids for text in PROMPTS]
+    refs = [model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
+                           eos_token_id=None) for ids in prompts]
+    try:
+        assert pack_linears(model) > 0
+        for gen in (SpeculativeGenerator(model, PromptLookup(max_matches=3, max_nodes=15)),
+                    SpeculativeGenerator(model, heads, tree="tree-7")):
+            for ids, ref in zip(prompts, refs):
+                assert torch.equal(gen.generate(ids, max_new_tokens=24).sequences, ref)
+    finally:
+        unpack_linears(model)
+
+
+@pytest.mark.slow
 def test_smollm2_trained_heads_greedy_equals_generate(smollm2, tmp_path):
     """Heads trained briefly on the real default (shipped config: shared lm_head, 8k draft vocabulary)
     accept drafts, and the output stays exactly the target's on chat prompts."""
