@@ -204,9 +204,7 @@ def run_generate(args) -> int:
                               eos_token_id=eos, streamer=streamer, **kwargs)
         new, passes, seconds = seq.shape[1] - ids.shape[1], seq.shape[1] - ids.shape[1], time.perf_counter() - start
     else:
-        from headway.inference import SpeculativeGenerator
-
-        from headway.inference.cpu_gemm import pack_linears
+        from headway.inference import SpeculativeGenerator, pack_linears
 
         if args.pack_linears:
             pack_linears(target)  # float32 CPU only: the verification passes' GEMMs on prepacked weights

@@ -95,8 +95,8 @@ def main(argv=None) -> dict:
     print(f"{args.model} on {args.device} ({target.dtype}, {' vs '.join(variants)}), prefix {args.prefix}: "
           f"t(1) = {1000 * t1:.2f} ms")
     shapes = [(f"chain t({k})/t(1)", "chain", k, chain(k - 1)) for k in ks if k > 1]
-    shapes += [(f"{name} ({len(load_tree(name).parents)} nodes, tree mask) t/t(1)", "tree", name, load_tree(name))
-               for name in args.trees.split(",") if name]
+    trees = {name: load_tree(name) for name in args.trees.split(",") if name}
+    shapes += [(f"{name} ({tree.size} nodes, tree mask) t/t(1)", "tree", name, tree) for name, tree in trees.items()]
     for label, kind, key, tree in shapes:
         ratios = [s / t1 for s in seconds_per_pass(targets, tree, ids, args.reps, rounds)]
         out[kind][key] = ratios[0] if len(ratios) == 1 else dict(zip(variants, ratios))
