@@ -1,7 +1,7 @@
 """Tokens/s and peak memory per process of every distributed mode, side by side (2 processes, CPU/gloo).
 
     python scripts/bench_distributed.py [--runs tiny,default] [--modes ddp,zero2,zero3,fsdp] [--steps 12]
-                                        [--data ~/.cache/headway/data/smollm2-135m-selfdistill-240x96.jsonl]
+                                        [--data ~/.cache/headway/data/smollm2-135m-selfdistill-400x96.jsonl]
 
 Each (run, mode) is one real `accelerate launch` of train/medusa.py with 2 processes; the loop
 records every rank's peak RSS and the run's training tokens/s in distributed.json, which this
