@@ -56,9 +56,10 @@ GEN_BATCH = 16  # prompts answered per batch: about 1.6 s per prompt per process
 
 
 def self_distil(argv: list[str], processes: int) -> int:
-    """Run ``generate_data.py argv`` in ``processes`` launched processes of 1 thread each (one when
-    ``processes`` <= 1). Decoding one batch does not scale with threads (2 threads: 1.07x here), but
-    2 processes answer 1.7x as many prompts per second; the file is the same bytes either way."""
+    """Run ``generate_data.py argv`` in ``processes`` launched processes of 1 thread each (one GPU
+    each where there are GPUs; in this process when ``processes`` <= 1). Decoding one batch does
+    not scale with threads (2 threads: 1.07x here), but 2 processes answer 1.7x as many prompts per
+    second; the file is the same bytes either way."""
     if processes <= 1:
         return generate_data.main(argv)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
@@ -88,7 +89,8 @@ def main(argv=None) -> None:
     t = step("1/6 target model: SmolLM2-135M-Instruct from the packaged GGUF")
     print(f"   {default_model_dir()} ({time.perf_counter() - t:.0f} s)")
 
-    processes = max(1, min(cores, math.ceil(size["prompts"] / GEN_BATCH)))
+    workers = torch.cuda.device_count() if torch.cuda.is_available() else cores  # a launched rank takes one GPU
+    processes = max(1, min(workers, math.ceil(size["prompts"] / GEN_BATCH)))
     t = step(f"2/6 self-distillation: the target answers {size['prompts']} packaged prompts ({processes} process(es))")
     code = self_distil(["--model", DEFAULT_MODEL, "--out", str(data), "--num-prompts", str(size["prompts"]),
                         "--max-new-tokens", str(size["max_new_tokens"]), "--batch-size", str(GEN_BATCH),
