@@ -77,6 +77,52 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def check_model_name(name_or_path: str) -> None:
+    """What can be said of a target model's name before it loads: a local path that does not exist, or a
+    folder holding a headway drafter, is a one-line error (a Hub id is left to the loader)."""
+    from headway.heads.tiny import TINY_MODELS
+
+    path = str(name_or_path)
+    if path in (DEFAULT_MODEL, "default") or path in TINY_MODELS:  # built on first load
+        return
+    local = Path(path).expanduser()
+    if not local.exists() and (path.startswith((".", "/", "~")) or path.endswith(("/", os.sep))):
+        raise FileNotFoundError(f"no model folder at {name_or_path}; pass a local model folder with config.json, "
+                                "a Hub model id, or 'smollm2-135m'")
+    marker = local / "config.json"
+    if marker.is_file() and '"drafter_type"' in marker.read_text(errors="replace"):
+        raise ValueError(f"{name_or_path} holds a headway drafter, not a target model: load it as a drafter "
+                         "(--drafter, load_drafter) and name the target model it was trained on")
+
+
+def resolve_device(spec: torch.device | str | None = None) -> torch.device:
+    """A device string checked before anything loads: None is cuda when available, else cpu; an
+    unknown name, or an accelerator this machine or this torch build lacks, is a one-line ValueError."""
+    if spec is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        spec = f"cuda:{spec}"  # as torch.device(0) means
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {spec!r}: use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"device {spec!r} asks for CUDA but {build}; use cpu (or leave the device unset)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {spec!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                             f"numbered from 0")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"device {spec!r}: MPS is not available here; use cpu")
+    elif device.type not in ("cpu", "meta"):
+        backend = getattr(torch, device.type, None)
+        if not getattr(backend, "is_available", lambda: False)():
+            raise ValueError(f"device {spec!r}: no {device.type} device is available to this torch; use cpu or cuda")
+    return device
+
+
 def default_dtype(device: torch.device | str) -> torch.dtype:
     """bf16 on GPUs that support it, fp32 elsewhere (CPU bf16 is slower here and not exact)."""
     device = torch.device(device)
@@ -97,8 +143,9 @@ def load_target(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = N
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(name_or_path)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     dtype = dtype or default_dtype(device)
+    check_model_name(path)
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:

@@ -8,6 +8,7 @@ Bad input ends with one line ``error: ...`` on stderr and exit status 2, never a
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import sys
@@ -178,23 +179,36 @@ def build_drafter(args, target_tokenizer, device):
     return None
 
 
+def sampling_of(args) -> dict:
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
 def run_generate(args) -> int:
     import torch
     from transformers import TextStreamer
 
-    from headway.heads.target import load_target
+    from headway.heads.target import load_target, resolve_device
+    from headway.inference.inputs import check_generation, check_settings
 
+    # bad input fails before any model loads: the same settings checks for plain and speculative decoding
     if args.tree and not (args.drafter or args.prompt_lookup or args.draft_model):
         raise ValueError("--tree needs a drafter: add --drafter, --prompt-lookup or --draft-model")
-    messages = read_messages(args)  # bad input fails before any model loads
-    target, tokenizer = load_target(*[args.model] * bool(args.model), device=args.device)
+    check_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    device = resolve_device(args.device)
+    if args.drafter:
+        from headway.heads.base import read_config_file, resolve_folder
+
+        read_config_file(resolve_folder(args.drafter))  # a missing folder, or one holding no headway drafter
+    messages = read_messages(args)
+    target, tokenizer = load_target(*[args.model] * bool(args.model), device=device)
     device = next(target.parameters()).device
     drafter = build_drafter(args, tokenizer, device)
     ids = prompt_ids(tokenizer, messages, not args.no_chat_template).to(device)
+    check_generation(target.config, ids, args.max_new_tokens, **sampling_of(args))  # e.g. a prompt over the context
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     eos = target.generation_config.eos_token_id
     eos = tokenizer.eos_token_id if eos is None else eos
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    sampling = sampling_of(args)
     if drafter is None:  # plain decoding: the target's own generate
         if args.seed is not None:
             torch.manual_seed(args.seed)
@@ -254,8 +268,7 @@ def add_generate(sub) -> None:
 
 def run_bench(args) -> int:
     bench = need("headway.inference.benchmark", "headway bench")
-    sys.argv[0] = "headway bench"  # the name the benchmark's own parser shows in its help and errors
-    bench.main(args.args)
+    bench.main(args.args, parser_class=functools.partial(Parser, prog="headway bench"))  # one-line usage errors too
     return 0
 
 
@@ -364,7 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # the benchmark parses its own options (a REMAINDER cannot start with one)
         args = argparse.Namespace(command="bench", run=run_bench, args=argv[1:])
     else:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # key=value overrides may stand anywhere, also after --model or --data (argparse stops a
+        # positional list at the first option and leaves what follows as unrecognized)
+        if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
+            args.overrides += extra
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(e for e in extra if e.startswith('-'))}")
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError) as exc:

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from headway.heads import load_drafter
+from headway.heads.base import read_config_file, resolve_folder
 from headway.heads.target import DEFAULT_MODEL, load_target
 from headway.inference.bench_prompts import chat_prompts, copy_prompts
 from headway.inference.cpu_gemm import pack_linears
@@ -45,6 +46,8 @@ from headway.inference.generator import SpeculativeGenerator
 from headway.inference.prompt_lookup import PromptLookup
 
 FAMILIES = ("hf-lookup", "lookup", "medusa", "eagle", "draft-model")  # plain greedy always runs: the reference
+DEMO_HEADS = str(Path("outputs", "demo", "quick", "heads"))  # make demo's Medusa heads, relative to the current folder
+DRAFTER_KINDS = {"medusa": "Medusa heads", "eagle": "an EAGLE drafter"}
 
 
 def early_exit_model(target, layers: int):
@@ -102,21 +105,40 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
         out["prompt lookup chain-10"] = ("headway", SpeculativeGenerator(target, PromptLookup(num_pred_tokens=10)))
         out["prompt lookup tree (4 matches)"] = ("headway", SpeculativeGenerator(
             target, PromptLookup(num_pred_tokens=10, max_matches=4, max_nodes=24)))
-    if "medusa" in families and heads_dir and Path(heads_dir, "config.json").is_file():
+    if "medusa" in families and heads_dir:
         heads = load_drafter(heads_dir)
         for tree in medusa_trees:
             out[f"medusa {tree}"] = ("headway", SpeculativeGenerator(target, heads, tree=tree))
-    elif "medusa" in families:
-        print(f"(no Medusa heads at {heads_dir}: run `make demo` first to include them)")
     for folder in eagle_dirs if "eagle" in families else ():
-        if Path(folder, "config.json").is_file():
-            out.update(eagle_methods(target, folder, eagle_trees, out))
-        else:
-            print(f"(no EAGLE drafter at {folder}: run `make demo` first to include it)")
+        out.update(eagle_methods(target, folder, eagle_trees, out))
     if draft_layers and "draft-model" in families:
         out[f"draft model: first {draft_layers} layers, chain-3"] = (
             "headway", SpeculativeGenerator(target, DraftModelDrafter(early_exit_model(target, draft_layers), gamma=3)))
     return out
+
+
+def check_drafter(folder_or_id: str, kind: str, flag: str) -> None:
+    """A drafter the user named must exist and be of the kind the flag takes; one-line errors."""
+    found = read_config_file(resolve_folder(folder_or_id)).get("drafter_type")
+    if found != kind:
+        other = {"medusa": "--heads", "eagle": "--eagle"}.get(found)
+        raise ValueError(f"{flag} {folder_or_id} holds a {found!r} drafter, not {DRAFTER_KINDS[kind]}"
+                         + (f"; pass it with {other}" if other else ""))
+
+
+def drafter_folders(args) -> tuple[str | None, list[str]]:
+    """(Medusa heads, EAGLE drafters) to benchmark: those named are checked before the model loads;
+    without --heads, the quick demo's heads are used when make demo has written them."""
+    heads = args.heads
+    if heads is None and Path(DEMO_HEADS, "config.json").is_file():
+        heads = DEMO_HEADS
+    elif heads is None and "medusa" in args.families:
+        print(f"(no Medusa heads at {DEMO_HEADS}: run `make demo` first, or pass --heads)")
+    elif heads is not None:
+        check_drafter(heads, "medusa", "--heads")
+    for folder in args.eagle:
+        check_drafter(folder, "eagle", "--eagle")
+    return heads, list(args.eagle)
 
 
 def sync_device(device: torch.device) -> None:
@@ -219,12 +241,14 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (``headway bench`` embeds it); defaults are relative to the current directory."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The command line (``headway bench`` embeds it, with its one-line-error parser class); defaults are
+    relative to the current directory."""
+    p = parser_class(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--heads", default=str(Path("outputs", "demo", "quick", "heads")), help="trained Medusa heads")
-    p.add_argument("--eagle", action="append", default=[], help="a trained EAGLE drafter folder (repeatable)")
+    p.add_argument("--heads", help=f"trained Medusa heads, a folder or Hub id (default: {DEMO_HEADS} when make demo "
+                                   "has written it)")
+    p.add_argument("--eagle", action="append", default=[], help="a trained EAGLE drafter, a folder or Hub id (repeatable)")
     p.add_argument("--eagle-trees", default=",".join(DEFAULT_EAGLE_TREES),
                    help=f"EAGLE trees, of {list(EAGLE_TREES)} (default: all but the unpruned ones)")
     p.add_argument("--medusa-trees", default=",".join(MEDUSA_TREES), help="Medusa trees")
@@ -248,9 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> dict:
+def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     """Run the benchmark with command-line arguments ``argv`` (None: sys.argv); returns the per-group summaries."""
-    p = build_parser()
+    p = build_parser(parser_class)
     args = p.parse_args(argv)
     families = [f for f in args.methods.split(",") if f]
     if set(families) - set(FAMILIES):
@@ -261,16 +285,21 @@ def main(argv=None) -> dict:
         chat = chat_prompts(args.prompts)
     except ValueError as exc:
         p.error(f"--prompts {args.prompts}: {exc}")
+    args.families = families
+    eagle_trees = [t for t in args.eagle_trees.split(",") if t]
+    unknown = sorted(set(eagle_trees) - set(EAGLE_TREES))
+    if unknown:
+        p.error(f"unknown --eagle-trees {unknown}; choose from {list(EAGLE_TREES)}")
+    try:  # a drafter folder named that does not exist or holds another kind
+        heads_dir, eagle_dirs = drafter_folders(args)
+    except (ValueError, FileNotFoundError) as exc:
+        p.error(str(exc))
     groups = {g: prompts for g, prompts in (("chat", chat), ("copy", copy_prompts(args.copy_prompts))) if prompts}
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.model, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     eos = tokenizer.eos_token_id
     packed = pack_linears(target) if args.pack_linears else 0
-    eagle_trees = [t for t in args.eagle_trees.split(",") if t]
-    unknown = sorted(set(eagle_trees) - set(EAGLE_TREES))
-    if unknown:
-        p.error(f"unknown --eagle-trees {unknown}; choose from {list(EAGLE_TREES)}")
-    table = methods(target, args.heads, args.draft_layers, args.eagle, eagle_trees,
+    table = methods(target, heads_dir, args.draft_layers, eagle_dirs, eagle_trees,
                     [t for t in args.medusa_trees.split(",") if t], families)
     device = next(target.parameters()).device
     if device.type != "cpu":  # first calls on a GPU pay for kernel selection and allocator growth: not timed

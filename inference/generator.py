@@ -23,8 +23,8 @@ from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree
 from headway.inference.tree_attention import check_attention, prefill, tree_forward
-from headway.inference.verify import (LazyProbs, SamplingParams, check_sampling_args, probs, verify_greedy,
-                                      verify_sampling, verify_typical)
+from headway.inference.inputs import check_generation, context_length
+from headway.inference.verify import LazyProbs, SamplingParams, probs, verify_greedy, verify_sampling, verify_typical
 
 ACCEPTANCE = ("exact", "typical")
 
@@ -114,7 +114,7 @@ class SpeculativeGenerator:
         return next(self.target.parameters()).device
 
     def context_length(self) -> int | None:
-        return getattr(self.target.config.get_text_config(), "max_position_embeddings", None)
+        return context_length(self.target.config)
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
@@ -138,7 +138,8 @@ class SpeculativeGenerator:
         ``streamer``: a transformers streamer (e.g. ``TextStreamer(tokenizer, skip_prompt=True)``);
         it receives the prompt, then the tokens of each round as they are accepted.
         """
-        prompt = self._check_inputs(input_ids, max_new_tokens, temperature, top_k, top_p)
+        prompt = check_generation(self.target.config, input_ids, max_new_tokens, temperature, top_k, top_p)
+        prompt = prompt.to(self.device)
         max_new_tokens = self._fit_context(prompt.shape[0], max_new_tokens)
         sampling = SamplingParams(temperature, top_k, top_p) if temperature > 0 else None
         setup = prepare_generation(self.target, prompt, max_new_tokens, sampling is not None, generation_config,
@@ -230,27 +231,6 @@ class SpeculativeGenerator:
         else:
             path, nxt = verify_sampling(tree.children, tokens, LazyProbs(logits, sampling), draft.q, generator)
         return path, [tokens[i] for i in path[1:]] + [nxt]
-
-    def _check_inputs(self, input_ids, max_new_tokens, temperature, top_k, top_p) -> torch.Tensor:
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens}")
-        check_sampling_args(temperature, top_k, top_p)
-        ids = torch.as_tensor(input_ids)
-        if ids.dim() == 2:
-            if ids.shape[0] != 1:
-                raise ValueError(f"SpeculativeGenerator runs batch size 1; got input_ids of shape {tuple(ids.shape)}")
-            ids = ids[0]
-        if ids.dim() != 1 or ids.numel() == 0 or ids.dtype not in (torch.long, torch.int32, torch.int64):
-            raise ValueError(f"input_ids must be a non-empty integer tensor [1, T] or [T], "
-                             f"got {tuple(ids.shape)} {ids.dtype}")
-        context = self.context_length()
-        if context is not None and ids.shape[0] >= context:
-            raise ValueError(f"the prompt has {ids.shape[0]} tokens but the model's context is {context} "
-                             "(max_position_embeddings): shorten the prompt")
-        vocab = self.target.config.get_text_config().vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            raise ValueError(f"input_ids contain ids outside the target's vocabulary [0, {vocab})")
-        return ids.to(self.device, torch.long)
 
     def _fit_context(self, prompt_len: int, max_new_tokens: int) -> int:
         context = self.context_length()

@@ -126,6 +126,19 @@ def test_bad_input_ends_with_one_line(installed, tiny_target, tmp_path, capsys):
                          cwd=tmp_path, env={**env, "HF_HOME": str(empty_home)}, capture_output=True, text=True,
                          timeout=300)
     assert_one_line_error(res, "credentials")
+    # issue 24's cases from the console script (all of them in-process: tests/test_bad_input.py), side by side
+    cases = [(["generate", "--model", tiny_target, "--prompt", "hi", "--temperature", "-1"], ["temperature"]),
+             (["generate", "--model", tiny_target, "--prompt", "hi", "--device", "gpu"], ["unknown device 'gpu'"]),
+             (["train", "medusa", "--config", "medusa/tiny", "train.lr=-1e-3", f"train.output_dir={tmp_path / 'out'}"],
+              ["train.lr"]),
+             (["bench", "--eagle", tmp_path / "heads"], ["holds a 'medusa' drafter"])]
+    procs = [subprocess.Popen([str(installed / "bin" / "headway"), *map(str, argv)], cwd=tmp_path, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for argv, _ in cases]
+    for proc, (argv, fragments) in zip(procs, cases):
+        out, err = proc.communicate(timeout=300)
+        assert_one_line_error(subprocess.CompletedProcess(argv, proc.returncode, out, err), *fragments)
+    assert not (tmp_path / "out").exists()
     # library errors through the same entry point, in this process
     for argv, fragments in ((["info", str(tiny_target)], ["not a drafter checkpoint"]),
                             (["info", str(tmp_path / "missing")], ["missing"]),

@@ -17,10 +17,12 @@ from accelerate.utils import set_seed
 
 from headway.configs import resolve_config
 from headway.heads.features import num_layers
-from headway.heads.target import freeze, load_target
-from headway.train.config import ConfigError, load_config
-from headway.train.data import DataConfig, build_datasets, frequent_tokens
-from headway.train.features import feature_fingerprint, load_cached_features
+from headway.heads.target import check_model_name, freeze, load_target
+from headway.heads.base import read_config_file, resolve_folder
+from headway.train.config import ConfigError, load_config, to_dict
+from headway.train.data import DataConfig, build_datasets, frequent_tokens, resolve_source
+from headway.train.features import feature_fingerprint, load_cached_features, read_cache_index
+from headway.train.run_dir import RESUMABLE_DIFFS, check_output_dir
 from headway.train.loop import TrainConfig, make_accelerator
 
 
@@ -107,16 +109,44 @@ def parse_run_args(config_class, description: str, example: str, argv: list[str]
     parser.add_argument("--data", help="data: default, packaged, a local json/jsonl/parquet file or a Hub dataset "
                                        "(same as data.source=...)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=3e-4")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides wherever they stand
     shortcuts = [f"model={args.model}"] * bool(args.model) + [f"data.source={args.data}"] * bool(args.data)
     config = resolve_config(args.config, Path(example).parent.name) if args.config else None
     return load_config(config_class, config, [*shortcuts, *args.overrides])
 
 
+def check_run(cfg) -> None:
+    """What a run checks before it loads a model or writes a file: its output folder (a file, another
+    run, a non-empty folder holding none), its data source or feature cache, and a drafter folder the
+    config names (``heads_init``). Raises the one-line error the command prints."""
+    train = cfg.train
+    # the accelerator may still turn train.fsdp on (an accelerate FSDP config): the loop compares that field
+    check_output_dir(train.output_dir, to_dict(cfg), overwrite=train.overwrite, resume=train.resume,
+                     ignore=RESUMABLE_DIFFS | {"fsdp"})
+    check_model_name(cfg.model)
+    if cfg.features == "online":
+        resolve_source(cfg.data, cfg.model)
+    elif not Path(cfg.features).is_dir():
+        raise FileNotFoundError(f"features={cfg.features}: no such folder; pass features=online or a folder written "
+                                "by scripts/cache_features.py")
+    else:
+        meta = {"model": cfg.model, "data": dataclasses.asdict(cfg.data)}
+        for split in ("train", "heldout"):
+            read_cache_index(Path(cfg.features) / split, expect_meta=meta)
+    if getattr(cfg, "heads_init", None):
+        kind = read_config_file(resolve_folder(cfg.heads_init)).get("drafter_type")
+        if kind != "medusa":
+            raise ValueError(f"heads_init={cfg.heads_init} holds a {kind!r} drafter, not Medusa heads; "
+                             "pass the output folder of a Medusa-1 run")
+
+
 def run_main(train: Callable, parse: Callable, argv: list[str] | None = None):
-    """Command line: bad input ends with a one-line ``error: ...`` and exit status 2."""
+    """Command line: bad input ends with a one-line ``error: ...`` and exit status 2. The run is
+    checked (``check_run``) before anything loads or is written."""
     try:
-        return train(parse(argv))
+        cfg = parse(argv)
+        check_run(cfg)
+        return train(cfg)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -8,6 +8,7 @@ names the key and lists the valid ones.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -113,7 +114,18 @@ def from_dict(cls, data: dict[str, Any] | None, prefix: str = ""):
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError(f"{prefix or 'config'}: {exc}") from None
+        raise ConfigError(_with_key(str(exc), prefix, types_)) from None
+
+
+def _with_key(message: str, prefix: str, fields) -> str:
+    """A dataclass's own validation message with its section named: ``lr must be > 0`` from the
+    ``train.`` section reads ``train.lr must be > 0``; a message naming no field gets ``train: ``."""
+    if not prefix or message.startswith(prefix):
+        return message
+    first = re.match(r"[A-Za-z_]\w*", message)
+    if prefix and first and first.group() in fields:
+        return prefix + message
+    return f"{prefix.rstrip('.') or 'config'}: {message}"
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

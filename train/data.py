@@ -74,7 +74,7 @@ class DataConfig:
 
     def __post_init__(self):
         if not isinstance(self.source, str) or not self.source.strip():
-            raise ValueError("data source is empty: pass 'default', a .json/.jsonl/.parquet file or a Hub dataset name")
+            raise ValueError("source is empty: pass 'default', a .json/.jsonl/.parquet file or a Hub dataset name")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction={self.heldout_fraction} is out of range: use a value in [0, 1)")
         if self.max_length < 8:
@@ -404,8 +404,13 @@ def tokenize_conversation(tokenizer, messages, max_length: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _resolve_source(cfg: DataConfig, model_name: str) -> str:
+def resolve_source(cfg: DataConfig, model_name: str) -> str:
+    """The data source to read: the self-distilled file for ``default``; a local data file that is
+    missing is a FileNotFoundError naming ``data.source`` (checked before any model loads)."""
     if cfg.source != "default":
+        if _is_local(cfg.source) and not Path(cfg.source).expanduser().is_file():
+            raise FileNotFoundError(f"data.source: no data file at {cfg.source} (give a .json/.jsonl/.parquet file, "
+                                    "'default' for the self-distilled answers, 'packaged' or a Hub dataset name)")
         return cfg.source
     path = default_data_path(model_name)
     if not path.is_file():
@@ -460,7 +465,7 @@ def split_indices(n: int, heldout_fraction: float, seed: int) -> tuple[list[int]
 def build_datasets(cfg: DataConfig, tokenizer, model_name: str) -> tuple[list[dict], list[dict]]:
     """Load, normalize, tokenize and split; return (train, held-out) lists of
     ``{"input_ids": [...], "loss_mask": [...]}``. Results are cached on disk and reused."""
-    source = _resolve_source(cfg, model_name)
+    source = resolve_source(cfg, model_name)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else headway_cache_dir() / "tokenized"
     cache_path = cache_dir / f"{_cache_key(cfg, source, tokenizer)}.json"
     if cache_path.is_file():

@@ -47,6 +47,9 @@ class EagleLossConfig:
             raise ValueError(f"loss.ttt_steps must be >= 1, got {self.ttt_steps}")
         if self.noise < 0 or self.ce_weight < 0 or self.reg_weight < 0:
             raise ValueError("loss.noise, loss.ce_weight and loss.reg_weight must be >= 0")
+        if not self.decay > 0 or self.chunk_size < 0:
+            raise ValueError(f"loss.decay must be > 0 and loss.chunk_size >= 0 (0: unchunked), "
+                             f"got {self.decay}, {self.chunk_size}")
 
 
 @dataclasses.dataclass

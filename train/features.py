@@ -596,16 +596,10 @@ def _select_layers(store: _ShardStore, layers) -> list[int]:
     return layers
 
 
-def load_cached_features(out_dir: str | Path, expect_meta: dict | None = None, expect_fingerprint: dict | None = None,
-                         layers: list[int] | None = None) -> CachedFeatures:
-    """Open a complete feature cache lazily.
-
-    Items are dicts {input_ids: list, loss_mask: list, features: Tensor [T, len(layers) * H] in the
-    stored dtype, argmax: Tensor [T] long (when stored)}. ``expect_meta``: keys that must equal the
-    cache's meta (model name, data config). ``expect_fingerprint``: ``feature_fingerprint`` of
-    the run's target and tokenizer; its layers must be among the cached ones. ``layers``: the
-    cached layers to return (a column slice), default the fingerprint's layers, else all of them.
-    Mismatches raise a one-line ValueError that says what differs."""
+def read_cache_index(out_dir: str | Path, expect_meta: dict | None = None) -> dict:
+    """A complete feature cache's index, without opening a shard (a run checks its cache with this
+    before it loads the target). ``expect_meta``: keys that must equal the cache's meta. A missing,
+    old, incomplete or foreign cache is a one-line error that says what to do."""
     out_dir = Path(out_dir)
     index_path = out_dir / INDEX_NAME
     if not index_path.is_file():
@@ -622,6 +616,21 @@ def load_cached_features(out_dir: str | Path, expect_meta: dict | None = None, e
             if index["meta"].get(key) != value:
                 raise ValueError(f"feature cache {out_dir} was made with {key}={index['meta'].get(key)!r}, "
                                  f"this run needs {value!r}; recreate the cache with scripts/cache_features.py")
+    return index
+
+
+def load_cached_features(out_dir: str | Path, expect_meta: dict | None = None, expect_fingerprint: dict | None = None,
+                         layers: list[int] | None = None) -> CachedFeatures:
+    """Open a complete feature cache lazily.
+
+    Items are dicts {input_ids: list, loss_mask: list, features: Tensor [T, len(layers) * H] in the
+    stored dtype, argmax: Tensor [T] long (when stored)}. ``expect_meta``: keys that must equal the
+    cache's meta (model name, data config). ``expect_fingerprint``: ``feature_fingerprint`` of
+    the run's target and tokenizer; its layers must be among the cached ones. ``layers``: the
+    cached layers to return (a column slice), default the fingerprint's layers, else all of them.
+    Mismatches raise a one-line ValueError that says what differs."""
+    out_dir = Path(out_dir)
+    index = read_cache_index(out_dir, expect_meta)
     if expect_fingerprint is not None:
         diff = _fingerprint_diff(index.get("fingerprint") or {}, expect_fingerprint)
         if diff:

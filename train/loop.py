@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Protocol
@@ -25,15 +24,11 @@ from tqdm.auto import tqdm
 
 from headway.train import checkpoint as ckpt
 from headway.train import fsdp as fsdp_mod
+from headway.train import run_dir
 from headway.train.features import pad_batch
 from headway.train.losses import summarize
 
-RUN_CONFIG_NAME = "run_config.json"
 METRICS_NAME = "metrics.jsonl"
-# Fields that may differ when a run is resumed (they do not change what is trained).
-# The world size is checked against each checkpoint instead (a DDP run may resume with another).
-_RESUMABLE_DIFFS = {"overwrite", "resume", "log_every", "eval_every", "save_every", "keep_checkpoints", "trackers",
-                    "num_processes", "train_sequences", "heldout_sequences"}
 
 
 @dataclasses.dataclass
@@ -54,7 +49,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # gradient clipping (0 = off)
     mixed_precision: str = "auto"  # auto (bf16 on GPUs that have it, else fp32) | no | bf16 | fp16
     save_every: int = 100  # optimizer steps between checkpoints (0 = only the final export)
-    keep_checkpoints: int = 2  # newest checkpoints kept on disk
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk (0: every one)
     eval_every: int = 0  # optimizer steps between held-out evaluations (0 = at the end only)
     eval_batch_size: int = 8  # sequences per process per evaluation batch
     log_every: int = 10  # optimizer steps between metric logs
@@ -67,16 +62,31 @@ class TrainConfig:
     fsdp: bool = False  # shard the drafter's weights, gradients and optimizer state (FSDP2); also set by an accelerate FSDP config
 
     def __post_init__(self):
-        if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:
-            raise ValueError("batch_size, grad_accum and epochs must be >= 1")
+        # every message starts with the field's name: a run config shows it as train.<name>
+        if not str(self.output_dir).strip():
+            raise ValueError("output_dir is empty: name the folder the drafter, checkpoints and metrics go to")
+        for name in ("batch_size", "grad_accum", "epochs", "log_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1 or null, got {self.max_steps}")
+        if not self.lr > 0 or not math.isfinite(self.lr):  # AdamW refuses a negative one only once the model is loaded
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.group_by_length < 0:
-            raise ValueError(f"group_by_length must be >= 0 (0: off), got {self.group_by_length}")
-        if self.log_every < 1 or self.eval_batch_size < 1:
-            raise ValueError(f"log_every and eval_batch_size must be >= 1, got {self.log_every}, {self.eval_batch_size}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("max_grad_norm", "save_every", "eval_every", "group_by_length"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 (0: off), got {getattr(self, name)}")
+        if self.keep_checkpoints < 0:
+            raise ValueError(f"keep_checkpoints must be >= 0 (0: keep every one), got {self.keep_checkpoints}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1 or null (torch's default), got {self.num_threads}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
 
@@ -216,48 +226,6 @@ def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def prepare_output_dir(cfg: TrainConfig, run_config: dict, acc: Accelerator) -> Path:
-    """Refuse to mix runs: an output_dir holding a different run needs overwrite (which starts afresh);
-    the same run resumes from its newest checkpoint."""
-    out = Path(cfg.output_dir)
-    saved = out / RUN_CONFIG_NAME
-    if acc.is_main_process:
-        if saved.is_file():
-            old = json.loads(saved.read_text())
-            diff = _config_diff(old, run_config)
-            if cfg.overwrite:
-                shutil.rmtree(out)
-            elif diff:
-                raise ValueError(
-                    f"{out} already holds a different run (differs in {', '.join(diff[:4])}); "
-                    "choose another train.output_dir, or pass train.overwrite=true to replace it"
-                )
-            elif not cfg.resume and ckpt.checkpoint_dirs(out / "checkpoints"):
-                raise ValueError(f"{out} holds checkpoints of this run and train.resume=false; "
-                                 "pass train.overwrite=true to start over")
-        elif out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
-            raise ValueError(f"{out} is not empty and holds no headway run; choose another "
-                             "train.output_dir or pass train.overwrite=true")
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt.atomic_write_text(saved, json.dumps(run_config, indent=2, default=str))
-    acc.wait_for_everyone()
-    return out
-
-
-def _config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
-    keys = sorted(set(old) | set(new))
-    diff = []
-    for k in keys:
-        if k in _RESUMABLE_DIFFS:
-            continue
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diff += _config_diff(a, b, prefix + k + ".")
-        elif json.dumps(a, default=str) != json.dumps(b, default=str):
-            diff.append(prefix + k)
-    return diff
-
-
 def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
@@ -315,10 +283,22 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     """Train ``method.model`` on ``train_data``; returns the final held-out metrics."""
     if not train_data:
         raise ValueError("the training set is empty; check the data source and its filters")
+    global_batch = cfg.batch_size * acc.num_processes * cfg.grad_accum
+    if len(train_data) < global_batch:  # refused before the output folder is touched
+        raise ValueError(f"{len(train_data)} training sequences are fewer than one optimizer step needs "
+                         f"({global_batch} = train.batch_size x processes x train.grad_accum); lower "
+                         "train.batch_size or add data")
     # the world size decides data order and schedule, so a resume must keep it
     run_config = {**run_config, "num_processes": acc.num_processes, "train_sequences": len(train_data),
                   "heldout_sequences": len(eval_data)}
-    out = prepare_output_dir(cfg, run_config, acc)
+    with run_dir.claimed(Path(cfg.output_dir), run_config, overwrite=cfg.overwrite, resume=cfg.resume,
+                         is_main=acc.is_main_process) as out:
+        acc.wait_for_everyone()
+        return _train(acc, cfg, method, train_data, eval_data, run_config, out)
+
+
+def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_data, run_config: dict,
+           out: Path) -> dict:
     done = out / "eval_metrics.json"
     if cfg.resume and done.is_file() and (out / "model.safetensors").is_file():
         acc.print(f"{out} already holds this finished run; nothing to do (train.overwrite=true retrains)")
@@ -326,9 +306,6 @@ def run_training(acc: Accelerator, cfg: TrainConfig, method: Method, train_data:
     set_seed(cfg.seed)
     global_batch = cfg.batch_size * acc.num_processes * cfg.grad_accum
     steps_per_epoch = len(train_data) // global_batch
-    if steps_per_epoch == 0:
-        raise ValueError(f"{len(train_data)} training sequences are fewer than one optimizer step needs "
-                         f"({global_batch} = batch_size x processes x grad_accum); lower batch_size or add data")
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     lengths = ((train_data.lengths() if hasattr(train_data, "lengths") else [len(e["input_ids"]) for e in train_data])
                if cfg.group_by_length else [0] * len(train_data))  # cached features: read without their rows

@@ -31,6 +31,14 @@ class LossConfig:
     weights: list[float] | None = None  # explicit per-head weights instead of decay**k
     chunk_size: int = DEFAULT_CHUNK_SIZE  # rows per block of the fused cross-entropy (0: unchunked, [n, V'] logits kept)
 
+    def __post_init__(self):
+        if not self.decay > 0:
+            raise ValueError(f"decay must be > 0 (head k is weighted decay**k), got {self.decay}")
+        if self.weights is not None and (not self.weights or not all(w >= 0 for w in self.weights)):
+            raise ValueError(f"weights must be one number >= 0 per head (or null for decay**k), got {self.weights}")
+        if self.chunk_size < 0:
+            raise ValueError(f"chunk_size must be >= 0 (0: unchunked), got {self.chunk_size}")
+
 
 @dataclasses.dataclass
 class MedusaRunConfig:
@@ -40,6 +48,11 @@ class MedusaRunConfig:
     heads: MedusaConfig = dataclasses.field(default_factory=MedusaConfig)  # hidden/vocab sizes come from the target
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(output_dir="outputs/medusa"))
+
+    def __post_init__(self):
+        if self.loss.weights and len(self.loss.weights) != self.heads.num_heads:
+            raise ValueError(f"loss.weights has {len(self.loss.weights)} entries for heads.num_heads="
+                             f"{self.heads.num_heads}; give one per head")
 
 
 class MedusaTrainingModule(torch.nn.Module):

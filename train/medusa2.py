@@ -63,6 +63,7 @@ class Medusa2LossConfig(LossConfig):
     stage1_steps: int = 0  # first optimizer steps that train the heads only (adapter frozen, no KL)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.lambda_max < 0 or self.lambda_warmup_steps < 0 or self.stage1_steps < 0 or self.heads_lr_mult <= 0:
             raise ValueError("loss needs lambda_max >= 0, lambda_warmup_steps >= 0, stage1_steps >= 0 and "
                              f"heads_lr_mult > 0, got {self.lambda_max}, {self.lambda_warmup_steps}, "

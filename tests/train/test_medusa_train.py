@@ -119,8 +119,10 @@ def test_empty_data_and_not_a_causal_lm(tmp_path):
     ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path / "vit")
     with pytest.raises(ValueError, match="not a causal language model"):
         train(tiny_cfg(tmp_path / "b", f"model={tmp_path / 'vit'}", "train.trackers=[]"))
-    with pytest.raises(ValueError, match="cannot load a model config"):
+    with pytest.raises(FileNotFoundError, match="no model folder at"):
         train(tiny_cfg(tmp_path / "c", f"model={tmp_path / 'nothing-here'}", "train.trackers=[]"))
+    with pytest.raises(ValueError, match="cannot load a model config"):
+        train(tiny_cfg(tmp_path / "d", "model=no-such-org/no-such-model", "train.trackers=[]"))
 
 
 def test_cli_errors_are_one_line(tmp_path):

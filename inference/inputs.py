@@ -1,0 +1,47 @@
+"""What every generation path checks before it runs, plain or speculative, CLI or API: the
+generation settings (before any model loads) and the prompt against the target's config."""
+
+from __future__ import annotations
+
+import torch
+
+from headway.inference.verify import check_sampling_args
+
+
+def check_settings(max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> None:
+    """A one-line ValueError for a setting no decoding can honour (a negative temperature, top_p 0, ...)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens}")
+    check_sampling_args(temperature, top_k, top_p)
+
+
+def context_length(target_config) -> int | None:
+    """The target's positions (max_position_embeddings), or None when its config names none."""
+    return getattr(target_config.get_text_config(), "max_position_embeddings", None)
+
+
+def check_prompt(input_ids, target_config) -> torch.Tensor:
+    """input_ids [1, T] or [T] -> [T] long, or a one-line ValueError: a batch, an empty or non-integer
+    tensor, a prompt that fills the target's context, ids outside its vocabulary."""
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise ValueError(f"generation runs batch size 1; got input_ids of shape {tuple(ids.shape)}")
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0 or ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise ValueError(f"input_ids must be a non-empty integer tensor [1, T] or [T], got {tuple(ids.shape)} {ids.dtype}")
+    context = context_length(target_config)
+    if context is not None and ids.shape[0] >= context:
+        raise ValueError(f"the prompt has {ids.shape[0]} tokens but the model's context is {context} "
+                         "(max_position_embeddings): shorten the prompt")
+    vocab = target_config.get_text_config().vocab_size
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise ValueError(f"input_ids contain ids outside the target's vocabulary [0, {vocab})")
+    return ids.long()
+
+
+def check_generation(target_config, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+                     top_p: float = 1.0) -> torch.Tensor:
+    """``check_settings`` then ``check_prompt``: the prompt as [T] long ids."""
+    check_settings(max_new_tokens, temperature, top_k, top_p)
+    return check_prompt(input_ids, target_config)

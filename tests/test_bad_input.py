@@ -1,0 +1,139 @@
+"""Bad input through the `headway` command as typed: exit status 2, one `error:` line that names the
+problem, no traceback, nothing written; and the fixed command then runs."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from headway.cli import main
+
+TINY = "tiny-random-llama"  # built from a config on first use, under the test session's HEADWAY_CACHE
+TRAIN = ["train", "medusa", "--config", "medusa/tiny", "train.trackers=[]"]
+
+
+def headway(argv, capsys) -> tuple[int, str, str]:
+    """Run `headway ARGV` in this process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:  # argparse and the training entry points exit themselves
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_refused(argv, capsys, *fragments) -> str:
+    code, _, err = headway(argv, capsys)
+    # transformers may draw a weight-loading progress bar first; the error is the one last line
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2, (code, err[-2000:])
+    assert "Traceback" not in err and len(errors) == 1 and err.strip().splitlines()[-1] == errors[0], err[-2000:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def medusa_folder(tmp_path_factory) -> Path:
+    from headway.heads import MedusaConfig, MedusaHeads
+
+    folder = tmp_path_factory.mktemp("bad-input") / "medusa"
+    MedusaHeads(MedusaConfig(hidden_size=64, vocab_size=200, num_heads=1)).save_pretrained(folder)
+    return folder
+
+
+def test_a_refused_run_leaves_its_folder_so_the_fixed_command_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # 1: a negative learning rate is refused by name before the model or the data load
+    assert_refused([*TRAIN, "train.lr=-1e-3", "train.output_dir=out"], capsys, "train.lr", "-0.001")
+    assert not Path("out").exists()
+    # 2: too little data for the batch, known once the data is read: refused before the folder is touched
+    assert_refused([*TRAIN, "train.batch_size=64", "data.max_examples=40", "train.output_dir=out2"], capsys,
+                   "36 training sequences", "train.batch_size")
+    assert not Path("out2").exists()
+    # the fixed commands run in the same folders
+    for out in ("out", "out2"):
+        code, stdout, err = headway([*TRAIN, "train.max_steps=1", f"train.output_dir={out}"], capsys)
+        assert code == 0 and f"exported to {out}" in stdout, err[-2000:]
+    # the finished run is still protected from a different one
+    assert_refused([*TRAIN, "train.max_steps=1", "train.lr=1e-2", "train.output_dir=out"], capsys,
+                   "different run", "train.lr")
+
+
+def test_run_config_values_are_named_before_anything_loads(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("a-file").write_text("mine")
+    cases = [(["train.output_dir=a-file"], ["train.output_dir a-file is a file", "must be a folder"]),
+             (["data.source=missing.jsonl"], ["data.source", "missing.jsonl"]),
+             (["features=no-cache"], ["features=no-cache", "cache_features"]),
+             (["train.weight_decay=-1"], ["train.weight_decay"]),
+             (["train.betas=[0.9,1.5]"], ["train.betas"]),
+             (["train.num_threads=0"], ["train.num_threads"]),
+             (["loss.weights=[1,1]"], ["loss.weights", "heads.num_heads=3"]),
+             (["loss.decay=0"], ["loss.decay"]),
+             (["--model", "./no-model-here"], ["no model folder at ./no-model-here"])]
+    for extra, fragments in cases:
+        assert_refused([*TRAIN, "train.output_dir=out", *extra], capsys, *fragments)
+    assert Path("a-file").read_text() == "mine" and not Path("out").exists()
+
+
+def test_overrides_stand_anywhere_among_the_arguments(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # after --model: read as an override (it names the missing cache), not "unrecognized arguments"
+    assert_refused(["train", "medusa", "--config", "medusa/tiny", "--model", TINY, "features=F"], capsys, "features=F")
+    code, stdout, err = headway(["train", "medusa", "train.trackers=[]", "--config", "medusa/tiny", "--model", TINY,
+                                 "train.max_steps=1", "--data", "packaged", "train.output_dir=run"], capsys)
+    assert code == 0 and "exported to run" in stdout, err[-2000:]
+    assert json.loads(Path("run", "run_config.json").read_text())["train"]["max_steps"] == 1
+    assert_refused(["train", "medusa", "--config", "medusa/tiny", "--model", TINY, "train.max_steps=1", "--bogus"],
+                   capsys, "unrecognized arguments: --bogus")
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (["--temperature", "-1"], ["temperature must be >= 0", "-1"]),  # 4
+    (["--temperature", "0.7", "--top-p", "0"], ["top_p must be in (0, 1]"]),  # 5
+    (["--top-k", "-1"], ["top_k must be an integer >= 0"]),  # 6
+    (["--max-new-tokens", "0"], ["max_new_tokens"]),
+    (["--device", "gpu"], ["unknown device 'gpu'"]),  # 8
+])
+def test_plain_generate_checks_its_settings_as_speculation_does(flags, fragments, capsys):
+    for drafter in ([], ["--prompt-lookup"]):  # the same message whether or not a drafter drafts
+        assert_refused(["generate", "--model", TINY, "--prompt", "hi", *drafter, *flags], capsys, *fragments)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_on_a_machine_without_it(capsys):  # 7
+    assert_refused(["generate", "--model", TINY, "--prompt", "hi", "--device", "cuda"], capsys, "device 'cuda'",
+                   "use cpu")
+
+
+def test_plain_generate_refuses_a_prompt_over_the_context(tmp_path, capsys):  # 3
+    long = tmp_path / "long.txt"
+    long.write_text("hello " * 1100)  # 1,105 tokens with the chat template; the tiny model has 1,024 positions
+    for drafter in ([], ["--prompt-lookup"]):
+        assert_refused(["generate", "--model", TINY, "--chat-file", long, "--max-new-tokens", "8", *drafter], capsys,
+                       "1105 tokens", "context is 1024")
+
+
+def test_generate_names_the_folder_that_is_not_what_the_flag_takes(tmp_path, medusa_folder, capsys):
+    assert_refused(["generate", "--model", medusa_folder, "--prompt", "hi"], capsys, "holds a headway drafter",
+                   "--drafter")
+    assert_refused(["generate", "--model", TINY, "--drafter", tmp_path / "none", "--prompt", "hi"], capsys,
+                   "no drafter folder")
+    assert_refused(["generate", "--model", TINY, "--drafter", tmp_path, "--prompt", "hi"], capsys,
+                   "no config.json")
+
+
+def test_bench_refuses_a_drafter_folder_it_was_given(tmp_path, medusa_folder, capsys):
+    quick = ["--model", TINY, "--prompts", "1", "--copy-prompts", "0", "--max-new-tokens", "2"]
+    # 9: a folder the user names is never skipped
+    assert_refused(["bench", "--heads", tmp_path / "no-such-folder", "--methods", "medusa", *quick], capsys,
+                   "no drafter folder", "no-such-folder")
+    assert_refused(["bench", "--heads", "no-such-folder", "--methods", "medusa", *quick], capsys, "no-such-folder")
+    # 10: a Medusa folder given as an EAGLE drafter, and the other way round
+    assert_refused(["bench", "--eagle", medusa_folder, *quick], capsys, "holds a 'medusa' drafter", "--heads")
+    assert_refused(["bench", "--heads", medusa_folder, "--methods", "bogus", *quick], capsys, "unknown --methods")
+    # bench's own usage errors are one line too
+    assert_refused(["bench", "--prompts", "100000"], capsys, "--prompts 100000")
