@@ -127,18 +127,20 @@ def check_drafter(folder_or_id: str, kind: str, flag: str) -> None:
 
 
 def drafter_folders(args) -> tuple[str | None, list[str]]:
-    """(Medusa heads, EAGLE drafters) to benchmark: those named are checked before the model loads;
-    without --heads, the quick demo's heads are used when make demo has written them."""
-    heads = args.heads
-    if heads is None and Path(DEMO_HEADS, "config.json").is_file():
+    """(Medusa heads, EAGLE drafters) to benchmark, for the families --methods runs: those named are
+    checked before the model loads; without --heads, the quick demo's heads when make demo wrote them."""
+    heads, eagle = args.heads, args.eagle if "eagle" in args.families else []
+    if "medusa" not in args.families:
+        heads = None
+    elif heads is None and Path(DEMO_HEADS, "config.json").is_file():
         heads = DEMO_HEADS
-    elif heads is None and "medusa" in args.families:
+    elif heads is None:
         print(f"(no Medusa heads at {DEMO_HEADS}: run `make demo` first, or pass --heads)")
-    elif heads is not None:
+    else:
         check_drafter(heads, "medusa", "--heads")
-    for folder in args.eagle:
+    for folder in eagle:
         check_drafter(folder, "eagle", "--eagle")
-    return heads, list(args.eagle)
+    return heads, list(eagle)
 
 
 def sync_device(device: torch.device) -> None:

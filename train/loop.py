@@ -89,6 +89,21 @@ class TrainConfig:
             raise ValueError(f"num_threads must be >= 1 or null (torch's default), got {self.num_threads}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
+        check_trackers(self.trackers)
+
+
+def check_trackers(names: list[str]) -> None:
+    """accelerate's tracker names, each installed (accelerate itself would drop a missing one silently)."""
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    known, installed = {t.value for t in LoggerType}, {str(getattr(t, "value", t)) for t in get_available_trackers()}
+    for name in names:
+        if name not in known:
+            raise ValueError(f"trackers: unknown tracker {name!r}; choose from {sorted(known)}, or [] for none")
+        if name != "all" and name not in installed:
+            raise ValueError(f"trackers: {name} is not installed: pip install {name.replace('_', '-')} "
+                             "(or train.trackers=[] for metrics.jsonl only)")
 
 
 def epoch_order(lengths: list[int], epoch: int, seed: int, batch: int, group: int = 0) -> torch.Tensor:

@@ -88,6 +88,15 @@ class Medusa2RunConfig(MedusaRunConfig):
     heads_init: str | None = None  # start from exported Medusa-1 heads (a folder) instead of fresh heads
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(output_dir="outputs/medusa2"))
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.features != "online":
+            raise ValueError(f"features={self.features!r}: Medusa-2 tunes the target, so cached features would go "
+                             "stale; use features=online")
+        if self.lora.train_lm_head and self.heads.share_lm_head:
+            raise ValueError("lora.train_lm_head=true with heads.share_lm_head=true: the heads would train against "
+                             "the original lm_head but run against the tuned one; set one of them false")
+
 
 def adaptable_module_names(model) -> list[str]:
     """Distinct names of the target's linear layers (what ``lora.target_modules`` may name)."""
@@ -249,12 +258,6 @@ def parse_args(argv: list[str] | None = None) -> Medusa2RunConfig:
 
 def train(cfg: Medusa2RunConfig) -> dict:
     """Jointly tune heads and a LoRA adapter; export both; returns the final held-out metrics."""
-    if cfg.features != "online":
-        raise ValueError(f"features={cfg.features!r}: Medusa-2 tunes the target, so cached features would go stale; "
-                         "use features=online")
-    if cfg.lora.train_lm_head and cfg.heads.share_lm_head:
-        raise ValueError("lora.train_lm_head=true with heads.share_lm_head=true: the heads would train against the "
-                         "original lm_head but run against the tuned one; set one of them false")
     if fsdp_requested(cfg.train):  # the tuned target lives in the training module: FSDP would shard the adapter with it
         raise ValueError("Medusa-2 under FSDP is not supported (the merged export needs the whole tuned target); use "
                          "DDP or DeepSpeed ZeRO-2 (configs/deepspeed/zero2.json)")

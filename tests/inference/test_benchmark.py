@@ -7,7 +7,7 @@ from headway.inference import bench_prompts, benchmark
 
 def test_parser_defaults_are_relative_to_the_current_directory():
     args = benchmark.build_parser().parse_args([])
-    assert args.heads == "outputs/demo/quick/heads" and args.out == "outputs/benchmark"
+    assert args.heads is None and benchmark.DEMO_HEADS == "outputs/demo/quick/heads" and args.out == "outputs/benchmark"
     assert args.methods.split(",") == list(benchmark.FAMILIES)
     # the unpruned EAGLE-2 trees are there to compare with, not run by default
     assert args.eagle_trees.split(",") == [t for t in benchmark.EAGLE_TREES if "unpruned" not in t]
