@@ -137,3 +137,18 @@ def test_bench_refuses_a_drafter_folder_it_was_given(tmp_path, medusa_folder, ca
     assert_refused(["bench", "--heads", medusa_folder, "--methods", "bogus", *quick], capsys, "unknown --methods")
     # bench's own usage errors are one line too
     assert_refused(["bench", "--prompts", "100000"], capsys, "--prompts 100000")
+
+
+def test_device_strings_are_checked_before_anything_loads():
+    from headway.heads.target import resolve_device
+
+    assert resolve_device(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == resolve_device(torch.device("cpu")) == torch.device("cpu")
+    for spec, fragment in [("gpu", "unknown device 'gpu'"), ("cuda:x", "unknown device"),
+                           ("hpu", "no hpu device is available")]:
+        with pytest.raises(ValueError, match=fragment):
+            resolve_device(spec)
+    if not torch.cuda.is_available():
+        for spec in ("cuda", "cuda:1", 0):
+            with pytest.raises(ValueError, match="asks for CUDA"):
+                resolve_device(spec)

@@ -93,6 +93,33 @@ def test_model_and_data_flags():
     cfg = parse_args(["--config", str(CONFIGS / "medusa" / "tiny.yaml"), "--model", "org/model", "--data", "x.jsonl",
                       "train.lr=0.5"])
     assert (cfg.model, cfg.data.source, cfg.train.lr) == ("org/model", "x.jsonl", 0.5)
+    # overrides wherever they stand (python -m headway.train.medusa, accelerate launch train/medusa.py)
+    cfg = parse_args(["train.lr=0.5", "--config", str(CONFIGS / "medusa" / "tiny.yaml"), "--model", "org/model",
+                      "features=feats", "--data", "x.jsonl", "train.lr=0.25"])
+    assert (cfg.model, cfg.features, cfg.data.source, cfg.train.lr) == ("org/model", "feats", "x.jsonl", 0.25)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=-1e-3", "train.lr must be a positive number, got -0.001"),
+    ("train.lr=0", "train.lr must be a positive number"),
+    ("train.weight_decay=-0.1", "train.weight_decay must be >= 0"),
+    ("train.betas=[0.9]", "train.betas must be two numbers in [0, 1)"),
+    ("train.min_lr_ratio=2", "train.min_lr_ratio must be in [0, 1]"),
+    ("train.max_grad_norm=-1", "train.max_grad_norm must be >= 0"),
+    ("train.save_every=-5", "train.save_every must be >= 0"),
+    ("train.keep_checkpoints=-1", "train.keep_checkpoints must be >= 0"),
+    ("train.batch_size=0", "train.batch_size must be >= 1"),
+    ("train.output_dir=", "train.output_dir is empty"),
+    ("train.trackers=[nope]", "train.trackers: unknown tracker 'nope'"),
+    ("loss.chunk_size=-1", "loss.chunk_size must be >= 0"),
+    ("loss.weights=[1,2]", "loss.weights has 2 entries for heads.num_heads=3"),
+    ("data.source=", "data.source is empty"),
+    ("data.max_length=4", "data.max_length=4 is too small"),
+])
+def test_values_are_refused_by_their_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(MedusaRunConfig, CONFIGS / "medusa" / "tiny.yaml", [override])
+    assert str(info.value).startswith(message), str(info.value)
 
 
 def test_interval_and_vocab_bounds():
