@@ -98,6 +98,9 @@ def report_accuracy(setup: RunSetup, metrics: dict, prefix: str, count: int, wha
         if f"{prefix}{k}/top1" in metrics:
             print(f"{what} {k} (token t+{k + 2}): held-out top-1 {metrics[f'{prefix}{k}/top1']:.3f}  "
                   f"top-5 {metrics[f'{prefix}{k}/top5']:.3f}")
+    if "simulated_acc_len" in metrics:
+        print(f"simulated chain of {count}: {metrics['simulated_acc_len']:.2f} draft tokens accepted per round, "
+              f"tau {metrics['simulated_tau']:.2f} (sum_k prod_(i<=k) top-1_i, plus the bonus token)")
     print(f"exported to {output_dir}")
 
 

@@ -84,4 +84,19 @@ def summarize(counts: dict[str, float]) -> dict[str, float]:
         for key in counts:
             if key.startswith(f"{g}/") and key.endswith("_sum") and key != f"{g}/loss_sum":
                 out[key[:-4]] = float(counts[key]) / n
+    top1 = [out[f"{g}/top1"] for g in groups]
+    if top1 and len({g.rstrip("0123456789") for g in groups}) == 1:
+        out["simulated_acc_len"] = simulated_acc_len(top1)
+        out["simulated_tau"] = 1.0 + out["simulated_acc_len"]
     return out
+
+
+def simulated_acc_len(top1: list[float]) -> float:
+    """Expected accepted draft tokens of a chain whose step k is accepted with probability top1[k]
+    given steps < k were (SpecForge's simulated_acc_len): sum_k prod_{i<=k} top1[i]. A chain round's
+    tau is this plus the bonus token (``simulated_tau``), the figure to set beside a measured tau."""
+    total, running = 0.0, 1.0
+    for acc in top1:
+        running *= acc
+        total += running
+    return total

@@ -29,3 +29,16 @@ def test_heads_without_positions_still_get_gradients():
     assert int(m["head1/count"]) == 0 and int(m["head2/count"]) == 0
     assert all(p.grad is not None for p in heads.parameters())
     assert summarize({k: float(v) for k, v in m.items()})["head1/top1"] == 0.0
+
+
+def test_simulated_acceptance_length_is_logged_beside_the_per_step_accuracy():
+    counts = {}
+    for k, (top1, n) in enumerate([(8, 10), (3, 6), (1, 4)]):  # per-step top-1 0.8, 0.5, 0.25
+        counts.update({f"step{k}/count": n, f"step{k}/loss_sum": 1.0, f"step{k}/top1": top1, f"step{k}/top5": n})
+    out = summarize(counts)
+    expected = 0.8 + 0.8 * 0.5 + 0.8 * 0.5 * 0.25  # sum_k prod_{i<=k} acc_i
+    assert abs(out["simulated_acc_len"] - expected) < 1e-12 and abs(out["simulated_tau"] - 1 - expected) < 1e-12
+    # perfect steps: every draft token accepted, tau = steps + the bonus token
+    perfect = summarize({f"head{k}/{m}": 5.0 for k in range(4) for m in ("count", "loss_sum", "top1", "top5")})
+    assert perfect["simulated_acc_len"] == 4.0 and perfect["simulated_tau"] == 5.0
+    assert "simulated_acc_len" not in summarize({"kl_sum": 1.0})
