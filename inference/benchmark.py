@@ -2,7 +2,8 @@
 
     headway bench | python scripts/benchmark.py | python -m headway.inference.benchmark
         [--heads outputs/demo/quick/heads] [--eagle outputs/demo/quick/eagle3 ...]
-        [--methods hf-lookup,lookup,medusa,eagle,draft-model] [--prompts 6] [--copy-prompts 4]
+        [--methods hf-lookup,lookup,medusa,eagle,draft-model] [--groups chat,multi-turn,code,...]
+        [--per-group 3] [--prompts 6] [--copy-prompts 4] [--prompts-file question.jsonl]
         [--max-new-tokens 64] [--threads 1] [--out outputs/benchmark]
 
 Baselines and candidates run in one process, interleaved per prompt: plain greedy ``generate``,
@@ -10,12 +11,16 @@ transformers' own prompt lookup (``prompt_lookup_num_tokens``), and headway with
 drafter and tree (prompt lookup chain/tree, trained Medusa heads if ``--heads`` exists, trained
 EAGLE-1/EAGLE-3 drafters given with ``--eagle`` over static trees and EAGLE-2 dynamic trees of the
 same widths, and an early-exit draft model made of the target's first layers); ``--methods`` picks
-families. Two prompt groups (``headway.inference.bench_prompts``): held-out chat prompts from the
-packaged text (never used for training) and copy-heavy prompts (edit or rename in a stdlib
-function, correct the spelling in an email, repeat a paragraph), where prompt lookup shines.
+families. Prompts come in task groups (``headway.inference.task_prompts``): held-out chat prompts
+from the packaged text (never used for training), multi-turn ShareGPT conversations from its
+held-out window, HumanEval code, summarization and retrieval-augmented answering over Python's own
+documentation (500-1,500 tokens), translation, math word problems, and copy-heavy prompts (edit or
+rename in a stdlib function, correct the spelling in an email, repeat a paragraph), where prompt
+lookup shines; ``--groups`` picks them, ``--prompts-file`` reads MT-bench or ShareGPT records
+instead. A prompt that does not fit the target's context with the new tokens is left out (named).
 Relative paths (``--heads``, ``--out``) are read from the current directory.
 
-Prints per group: tau (new tokens per verification pass), tokens/s and speedup vs plain (whole
+Prints per group, then overall (the mean of the groups' speedups, each group counting once): tau (new tokens per verification pass), tokens/s and speedup vs plain (whole
 calls, prefill included), the decode-only speedup (each prompt's prefill forward, timed on its
 own, subtracted from plain; the runtime's own prefill time subtracted from it) next to the bound
 tau * t(1) / (t(k) + t_draft) from the same run (t(1): plain decode time per token; t(k),
@@ -39,7 +44,9 @@ import torch
 from headway.heads import load_drafter
 from headway.heads.base import read_config_file, resolve_folder
 from headway.heads.target import DEFAULT_MODEL, load_target
-from headway.inference.bench_prompts import chat_prompts, copy_prompts
+from headway.inference.bench_prompts import chat_prompts
+from headway.inference.inputs import context_length
+from headway.inference.task_prompts import GROUPS, prompts_file, task_prompts
 from headway.inference.cpu_gemm import pack_linears
 from headway.inference.draft_model import DraftModelDrafter
 from headway.inference.generator import SpeculativeGenerator
@@ -143,6 +150,20 @@ def drafter_folders(args) -> tuple[str | None, list[str]]:
     return heads, list(eagle)
 
 
+def prompt_groups(args) -> dict[str, list[list[dict]]]:
+    """{group: [chat messages, ...]} the command line asks for (checked before the model loads)."""
+    if args.prompts_file:
+        found = prompts_file(args.prompts_file)
+        return {g: prompts[:args.per_group] if args.per_group > 0 else prompts for g, prompts in found.items()}
+    names = [g for g in args.groups.split(",") if g]
+    unknown = sorted(set(names) - set(GROUPS))
+    if unknown:
+        raise ValueError(f"unknown --groups {unknown}; choose from {list(GROUPS)}")
+    counts = {"chat": args.prompts, "copy": args.copy_prompts}
+    groups = {g: task_prompts(g, counts.get(g, args.per_group)) for g in names}
+    return {g: prompts for g, prompts in groups.items() if prompts}
+
+
 def sync_device(device: torch.device) -> None:
     """Wait for queued GPU work, so wall-clock times cover it (a no-op on CPU)."""
     if device.type == "cuda":
@@ -170,14 +191,38 @@ def run_one(kind, method, target, ids, max_new_tokens: int, eos: int):
     return out.sequences[0, ids.shape[1]:].tolist(), time.perf_counter() - start, out.stats
 
 
+def prompt_ids(tokenizer, messages: list[dict]) -> torch.Tensor:
+    """[1, T] ids of a chat prompt (the chat template with a generation prompt)."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                         return_dict=True)["input_ids"]
+
+
+def fitting_groups(groups: dict, tokenizer, context: int | None, max_new_tokens: int) -> dict:
+    """The prompt groups with the prompts that leave room for max_new_tokens in the target's context
+    (a note names each one left out); a group left empty is dropped."""
+    out = {}
+    for group, prompts in groups.items():
+        kept = []
+        for i, messages in enumerate(prompts):
+            n = prompt_ids(tokenizer, messages).shape[1]
+            if context is not None and n + max_new_tokens > context:
+                print(f"({group} prompt {i + 1}: {n} tokens + {max_new_tokens} new exceed the model's context of "
+                      f"{context}: left out)")
+            else:
+                kept.append(messages)
+        if kept:
+            out[group] = kept
+    return out
+
+
 def run_prompts(table: dict, target, tokenizer, groups: dict, max_new_tokens: int, eos: int, device, label: str = ""):
-    """Every method on every prompt, interleaved per prompt; returns ({group: {method: rows}}, {group: prefill s})."""
+    """Every method on every prompt (a list of chat messages), interleaved per prompt; returns
+    ({group: {method: rows}}, {group: prefill s})."""
     raw: dict = {g: {name: [] for name in table} for g in groups}
     prefill = {g: 0.0 for g in groups}
     for group, prompts in groups.items():
-        for i, prompt in enumerate(prompts):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                return_tensors="pt", return_dict=True)["input_ids"].to(device)
+        for i, messages in enumerate(prompts):
+            ids = prompt_ids(tokenizer, messages).to(device)
             prefill[group] += prefill_seconds(target, ids)
             reference = None
             for name, (kind, method) in table.items():  # interleaved: every method on this prompt in turn
@@ -214,6 +259,19 @@ def summarize(rows: list[dict], plain: list[dict], prefill: float) -> dict:
     return s
 
 
+def overall(results: dict) -> dict:
+    """Per method: the mean of its speedups over the task groups (each group counts once, whatever its
+    size), and its speedup and tau in each group."""
+    out = {}
+    for name in next(iter(results.values()), {}):  # every group runs every method
+        per = {g: results[g][name] for g in results}
+        out[name] = {"speedup": sum(s["speedup"] for s in per.values()) / len(per),
+                     "group_speedup": {g: s["speedup"] for g, s in per.items()},
+                     "group_tau": {g: s["tau"] for g, s in per.items() if "tau" in s},
+                     "identical": all(s["identical"] for s in per.values())}
+    return out
+
+
 def depth_acceptance(stats: list[dict]) -> list[float]:
     accepted = [a - 1 for st in stats for a in st["accepted_per_step"]]
     depths = [d for st in stats for d in st["draft_depth_per_step"]]
@@ -231,8 +289,12 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = list(results)
-    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4), squeeze=False)
-    for ax, group in zip(axes[0], groups):
+    cols = min(4, len(groups))
+    rows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for ax, group in zip(axes.flat, groups):
         for name, s in results[group].items():
             if s.get("depth_acceptance"):
                 ax.plot(range(1, len(s["depth_acceptance"]) + 1), s["depth_acceptance"], marker="o", label=name)
@@ -256,8 +318,15 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--medusa-trees", default=",".join(MEDUSA_TREES), help="Medusa trees")
     p.add_argument("--methods", default=",".join(FAMILIES),
                    help=f"method families to run next to plain greedy, of {list(FAMILIES)}")
-    p.add_argument("--prompts", type=int, default=6, help="held-out chat prompts")
+    p.add_argument("--groups", default=",".join(GROUPS),
+                   help=f"task groups to run, of {list(GROUPS)} (headway.inference.task_prompts); the overall figure is "
+                        "the mean of their speedups")
+    p.add_argument("--per-group", type=int, default=3, help="prompts per task group other than chat and copy")
+    p.add_argument("--prompts", type=int, default=6, help="held-out chat prompts (the chat group)")
     p.add_argument("--copy-prompts", type=int, default=4, help="copy-heavy prompts (edit, rename, spelling, repeat in turn)")
+    p.add_argument("--prompts-file", metavar="FILE",
+                   help="prompts from a file instead of the task groups, grouped by category: MT-bench's question.jsonl "
+                        "(question_id, category, turns) or ShareGPT/OpenAI records; --per-group caps each category")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--draft-layers", type=int, default=6, help="early-exit draft model depth (0: skip)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
@@ -284,9 +353,13 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
     try:  # before the model loads: too many held-out prompts fails at once
-        chat = chat_prompts(args.prompts)
+        chat_prompts(args.prompts)
     except ValueError as exc:
         p.error(f"--prompts {args.prompts}: {exc}")
+    try:
+        groups = prompt_groups(args)
+    except (ValueError, FileNotFoundError) as exc:
+        p.error(str(exc))
     args.families = families
     eagle_trees = [t for t in args.eagle_trees.split(",") if t]
     unknown = sorted(set(eagle_trees) - set(EAGLE_TREES))
@@ -296,7 +369,6 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
         heads_dir, eagle_dirs = drafter_folders(args)
     except (ValueError, FileNotFoundError) as exc:
         p.error(str(exc))
-    groups = {g: prompts for g, prompts in (("chat", chat), ("copy", copy_prompts(args.copy_prompts))) if prompts}
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.model, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     eos = tokenizer.eos_token_id
@@ -304,6 +376,7 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     table = methods(target, heads_dir, args.draft_layers, eagle_dirs, eagle_trees,
                     [t for t in args.medusa_trees.split(",") if t], families)
     device = next(target.parameters()).device
+    groups = fitting_groups(groups, tokenizer, context_length(target.config), args.max_new_tokens)
     if device.type != "cpu":  # first calls on a GPU pay for kernel selection and allocator growth: not timed
         warm = tokenizer("Hello there, how are you today?", return_tensors="pt")["input_ids"].to(device)
         for kind, method in table.values():
@@ -334,9 +407,16 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
             spread = f" {min(s['speedup_runs']):>5.2f}-{max(s['speedup_runs']):.2f}x" if "speedup_runs" in s else ""
             print(f"{name:<36} {tau:>5} {s['tokens_per_s']:>6.1f} {s['speedup']:>7.2f}x {extra} "
                   f"{'yes' if s['identical'] else 'NO':>5}{spread}")
+    mean = overall(results)
+    if len(results) > 1:
+        print(f"\noverall: the mean of the speedups over {len(results)} groups ({', '.join(results)}); tau per group")
+        for name, o in mean.items():
+            taus = " ".join(f"{g} {t:.2f}" for g, t in o["group_tau"].items())
+            print(f"{name:<36} {o['speedup']:>6.2f}x  {'yes' if o['identical'] else 'NO':>3}  {taus}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "packed_linears": packed, "results": results, "raw": raw}, indent=1))
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "packed_linears": packed, "results": results,
+                                                  "overall": mean, "raw": raw}, indent=1))
     plot(results, out / "acceptance.png")
     print(f"\nspeedup: whole calls{' (all repeats pooled; runs: each repeat alone, min-max)' if args.repeats > 1 else ''}; decode: prefill excluded on both sides; bound: tau*t(1)/(t(k)+t_draft); t(k), "
           f"draft: per verification pass, relative to plain decode time per token t(1); /step: draft time per drafted level.\nWrote {out}/results.json "

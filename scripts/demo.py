@@ -128,7 +128,8 @@ def main(argv=None) -> None:
     t = step("6/6 speculative generation with both vs plain greedy (output must be identical)")
     results = benchmark.main(["--heads", mcfg.train.output_dir, "--eagle", ecfg.train.output_dir,
                               "--medusa-trees", "chain-2,tree-7", "--eagle-trees", "chain-4,tree-7,dynamic-7,dynamic-15",
-                              "--prompts", str(size["bench_prompts"]), "--copy-prompts", "2", "--max-new-tokens", "64", "--draft-layers", "0",
+                              "--prompts", str(size["bench_prompts"]), "--copy-prompts", "2", "--per-group", "1",
+                              "--max-new-tokens", "64", "--draft-layers", "0",
                               "--out", str(out / "benchmark")])
     print()
     for kind, label in (("medusa", "Medusa heads"), ("eagle3", "EAGLE-3")):

@@ -127,7 +127,7 @@ def test_generate_names_the_folder_that_is_not_what_the_flag_takes(tmp_path, med
 
 
 def test_bench_refuses_a_drafter_folder_it_was_given(tmp_path, medusa_folder, capsys):
-    quick = ["--model", TINY, "--prompts", "1", "--copy-prompts", "0", "--max-new-tokens", "2"]
+    quick = ["--model", TINY, "--groups", "chat", "--prompts", "1", "--max-new-tokens", "2"]
     # 9: a folder the user names is never skipped
     assert_refused(["bench", "--heads", tmp_path / "no-such-folder", "--methods", "medusa", *quick], capsys,
                    "no drafter folder", "no-such-folder")

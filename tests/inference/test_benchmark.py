@@ -59,7 +59,7 @@ def test_dtype_flag_reaches_the_target_loader(monkeypatch, flag, dtype):
 
 def test_repeats_pool_the_runs_and_report_each(tmp_path, capsys):
     """--repeats 2: the table pools both runs (twice the tokens of one) and prints each run's speedup."""
-    args = ["--model", "tiny-random-llama", "--heads", "none", "--methods", "lookup", "--prompts", "1",
+    args = ["--model", "tiny-random-llama", "--heads", "none", "--methods", "lookup", "--groups", "chat", "--prompts", "1",
             "--copy-prompts", "0", "--max-new-tokens", "6", "--out", str(tmp_path)]
     one = benchmark.main(args)
     two = benchmark.main([*args, "--repeats", "2"])
@@ -101,8 +101,8 @@ def test_pack_linears_flag_packs_the_float32_cpu_target(tmp_path, capsys):
     identical to plain greedy; --no-pack-linears leaves the target as loaded."""
     import json
 
-    args = ["--model", "tiny-random-llama", "--heads", "none", "--methods", "lookup", "--prompts", "1",
-            "--copy-prompts", "1", "--max-new-tokens", "8", "--out", str(tmp_path)]
+    args = ["--model", "tiny-random-llama", "--heads", "none", "--methods", "lookup", "--groups", "chat,copy",
+            "--prompts", "1", "--copy-prompts", "1", "--max-new-tokens", "8", "--out", str(tmp_path)]
     packed = benchmark.main(args)
     assert all(s["identical"] for per in packed.values() for s in per.values())
     recorded = json.loads((tmp_path / "results.json").read_text())
