@@ -14,13 +14,14 @@ from headway.inference.generator import GenerationStats, SpeculativeGenerator, S
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.medusa import MedusaDrafter
 from headway.inference.prompt_lookup import PromptLookup
+from headway.inference.suffix_decoding import SuffixDecoding
 from headway.inference.tree import Tree, available_trees, chain, load_tree
 from headway.inference.verify import (SamplingParams, process_logits, verify_chain_sampling, verify_greedy,
                                       verify_sampling, verify_typical)
 
 __all__ = [
     "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "GenerationStats", "MedusaDrafter", "PromptLookup",
-    "SamplingParams", "SpeculativeGenerator", "SpeculativeOutput", "Tree", "as_drafter", "available_trees", "chain",
+    "SamplingParams", "SpeculativeGenerator", "SpeculativeOutput", "SuffixDecoding", "Tree", "as_drafter", "available_trees", "chain",
     "compact_cache", "load_tree", "new_cache", "pack_linears", "process_logits", "unpack_linears", "verify_chain_sampling", "verify_greedy",
     "verify_sampling", "verify_typical",
 ]

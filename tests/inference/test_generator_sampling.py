@@ -17,6 +17,7 @@ case against the exact distribution). Here the generator's side is checked:
 """
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ from transformers import LogitsProcessorList, NoRepeatNGramLogitsProcessor, Repe
 import headway.inference.generator as generator_mod
 import headway.inference.processors as processors_mod
 import headway.inference.verify as verify_mod
-from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator
+from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from eagle_utils import eagle_q_ref, train_eagle
 from spec_utils import (PROMPT, SETTINGS, VerifyRecorder, WiringCase, check_wiring, chi2_pvalue, context_logits,
                         exact_joint, lm_q_ref, lookup_check, medusa_check, tiny_vocab_model, train_medusa)
@@ -52,6 +53,9 @@ WIRING = {
     "draft-tree": lambda m: WiringCase(DraftModelDrafter(m.draft), TREE, q_ref=lm_q_ref(m.draft)),
     "lookup-chain": lambda m: lookup_case(PromptLookup()),
     "lookup-tree": lambda m: lookup_case(PromptLookup(max_matches=3, max_ngram_size=2)),
+    # suffix decoding's every path follows an earlier occurrence of a context suffix, as prompt lookup's does
+    "suffix": lambda m: WiringCase(SuffixDecoding(cross_request=False, max_spec_factor=4.0, min_token_prob=0.0),
+                                   check_draft=lookup_check(SimpleNamespace(min_ngram_size=1, max_ngram_size=12))),
     # EAGLE over static trees samples its children: q is the head's own distribution at the node (the head
     # run over the target's features of the context, then over its own states along the path)
     "eagle1-chain": lambda m: WiringCase(m.eagle1, "chain-2", q_ref=eagle_q_ref(m.target, m.eagle1)),
@@ -181,7 +185,8 @@ def sample_first3(target, drafter, tree, params, n, seed):
 
 
 DEFAULT_CASES = [("medusa-chain", "T1"), ("medusa-tree", "T0.7-p0.9"), ("draft-chain", "T0.7-p0.9"),
-                 ("draft-tree", "T1"), ("lookup-chain", "T1"), ("lookup-tree", "T0.7-p0.9"), ("eagle3-tree", "T1")]
+                 ("draft-tree", "T1"), ("lookup-chain", "T1"), ("lookup-tree", "T0.7-p0.9"), ("eagle3-tree", "T1"),
+                 ("suffix", "T0.7-p0.9")]
 # One per drafter kind, both settings, the (drafter, setting) pairs the default lane does not run.
 SLOW_CASES = [("medusa-tree", "T1"), ("draft-tree", "T0.7-p0.9"), ("draft-chain", "T1"), ("lookup-tree", "T1"),
               ("eagle3-tree", "T0.7-p0.9"), ("eagle3-dynamic", "T1")]
