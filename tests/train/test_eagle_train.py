@@ -3,6 +3,7 @@ kill-and-resume, 2-process CPU DDP, cached features, bad input."""
 
 import dataclasses
 import json
+import math
 import os
 import runpy
 import socket
@@ -84,7 +85,10 @@ def test_tiny_training_learns_and_exports(tmp_path, version):
     assert steps == (3 if version == 3 else 1)
     expected = {f"step{i}/{m}" for i in range(steps) for m in ("loss", "top1", "top5")}
     expected |= {"step0/reg"} if version == 1 else set()
+    expected |= {"simulated_acc_len", "simulated_tau"}  # at every evaluation, from the per-step top-1
     assert set(final) == expected, sorted(final)  # one set of keys per unrolled step, nothing beyond ttt_steps
+    top1 = [final[f"step{i}/top1"] for i in range(steps)]
+    assert final["simulated_acc_len"] == pytest.approx(sum(math.prod(top1[:k + 1]) for k in range(steps)))
 
     evals = _evals(out)
     before, after = evals[0], evals[-1]
