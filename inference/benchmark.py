@@ -8,7 +8,7 @@
 
 Baselines and candidates run in one process, interleaved per prompt: plain greedy ``generate``,
 transformers' own prompt lookup (``prompt_lookup_num_tokens``), and headway with every available
-drafter and tree (prompt lookup chain/tree, trained Medusa heads if ``--heads`` exists, trained
+drafter and tree (prompt lookup chain/tree, suffix decoding, trained Medusa heads if ``--heads`` exists, trained
 EAGLE-1/EAGLE-3 drafters given with ``--eagle`` over static trees and EAGLE-2 dynamic trees of the
 same widths, and an early-exit draft model made of the target's first layers); ``--methods`` picks
 families. Prompts come in task groups (``headway.inference.task_prompts``): held-out chat prompts
@@ -51,6 +51,7 @@ from headway.inference.cpu_gemm import pack_linears
 from headway.inference.draft_model import DraftModelDrafter
 from headway.inference.generator import SpeculativeGenerator
 from headway.inference.prompt_lookup import PromptLookup
+from headway.inference.suffix_decoding import SuffixDecoding
 
 FAMILIES = ("hf-lookup", "lookup", "medusa", "eagle", "draft-model")  # plain greedy always runs: the reference
 DEMO_HEADS = str(Path("outputs", "demo", "quick", "heads"))  # make demo's Medusa heads, relative to the current folder
@@ -112,6 +113,9 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
         out["prompt lookup chain-10"] = ("headway", SpeculativeGenerator(target, PromptLookup(num_pred_tokens=10)))
         out["prompt lookup tree (4 matches)"] = ("headway", SpeculativeGenerator(
             target, PromptLookup(num_pred_tokens=10, max_matches=4, max_nodes=24)))
+        # suffix decoding within each request; the cross-request cache would draft from the other prompts'
+        # outputs (and from the same prompt's under --repeats), which this benchmark does not model
+        out["suffix decoding"] = ("headway", SpeculativeGenerator(target, SuffixDecoding(cross_request=False)))
     if "medusa" in families and heads_dir:
         heads = load_drafter(heads_dir)
         for tree in medusa_trees:

@@ -132,6 +132,7 @@ def main(argv=None) -> None:
                               "--max-new-tokens", "64", "--draft-layers", "0",
                               "--out", str(out / "benchmark")])
     print()
+    mean = benchmark.overall(results)
     for kind, label in (("medusa", "Medusa heads"), ("eagle3", "EAGLE-3")):
         names = [n for n in results["chat"] if n.startswith(kind)]
         if not names:
@@ -140,6 +141,10 @@ def main(argv=None) -> None:
         s = results["chat"][best]
         print(f"{label} on held-out chat prompts, best tree {best.split()[-1]}: tau {s['tau']:.2f} new tokens per "
               f"target pass, {s['speedup']:.2f}x plain greedy ({'identical output' if s['identical'] else 'OUTPUT DIFFERS'})")
+        best = max(names, key=lambda n: mean[n]["speedup"])
+        print(f"{label} over the {len(results)} task groups, best tree {best.split()[-1]}: {mean[best]['speedup']:.2f}x "
+              f"plain greedy on average (per group: "
+              f"{', '.join(f'{g} {x:.2f}x' for g, x in mean[best]['group_speedup'].items())})")
     print(f"({time.perf_counter() - t:.0f} s)\ntotal {time.perf_counter() - t_all:.0f} s")
 
 
