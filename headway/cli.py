@@ -161,22 +161,26 @@ def parse_tree(spec: str | None):
 
 
 def build_drafter(args, target_tokenizer, device):
-    """The drafter the flags ask for, or None for plain decoding."""
+    """The drafter the flags ask for, or None for plain decoding. A model drafter gets prompt lookup
+    beside it (one hybrid drafter) unless --no-lookup."""
+    from headway.inference import PromptLookup
+
+    if args.prompt_lookup:
+        return PromptLookup()
+    model = None
     if args.drafter:
         from headway.heads import load_drafter
 
-        return load_drafter(args.drafter, map_location=device)
-    if args.prompt_lookup:
-        from headway.inference import PromptLookup
-
-        return PromptLookup()
-    if args.draft_model:
+        model = load_drafter(args.drafter, map_location=device)
+    elif args.draft_model:
         from headway.heads.target import load_target
         from headway.inference import DraftModelDrafter
 
-        model, tokenizer = load_target(args.draft_model, device=device)
-        return DraftModelDrafter(model, tokenizer=tokenizer, target_tokenizer=target_tokenizer)
-    return None
+        draft, tokenizer = load_target(args.draft_model, device=device)
+        model = DraftModelDrafter(draft, tokenizer=tokenizer, target_tokenizer=target_tokenizer)
+    if model is None:
+        return None
+    return [model, PromptLookup()] if args.lookup else model
 
 
 def sampling_of(args) -> dict:
@@ -242,6 +246,9 @@ def add_generate(sub) -> None:
     how.add_argument("--drafter", metavar="FOLDER_OR_HUB_ID", help="a headway drafter (Medusa or EAGLE)")
     how.add_argument("--prompt-lookup", action="store_true", help="draft by copying n-grams from the context")
     how.add_argument("--draft-model", metavar="MODEL", help="a small causal LM sharing the target's tokenizer")
+    p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --drafter or --draft-model: merge prompt lookup's copied branch into the drafter's tree "
+                        "each round (one hybrid drafter, one verification pass)")
     p.add_argument("--tree", help="a shipped tree name (chain-4, tree-15, ...), a tree YAML file, a list of "
                                   "top-k paths like '[[0],[0,0],[1]]', or EAGLE-2 settings like "
                                   "'{depth: 5, top_k: 8, total_tokens: 60}' (default: the drafter's own)")

@@ -10,6 +10,7 @@ from headway.inference.draft_model import DraftModelDrafter
 from headway.inference.drafter import Draft, DraftContext, Drafter, as_drafter
 from headway.inference.eagle import EagleDrafter
 from headway.inference.expand import DynamicTree
+from headway.inference.hybrid import HybridDrafter
 from headway.inference.generator import GenerationStats, SpeculativeGenerator, SpeculativeOutput
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.medusa import MedusaDrafter
@@ -20,7 +21,7 @@ from headway.inference.verify import (SamplingParams, process_logits, verify_cha
                                       verify_sampling, verify_typical)
 
 __all__ = [
-    "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "GenerationStats", "MedusaDrafter", "PromptLookup",
+    "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "GenerationStats", "HybridDrafter", "MedusaDrafter", "PromptLookup",
     "SamplingParams", "SpeculativeGenerator", "SpeculativeOutput", "SuffixDecoding", "Tree", "as_drafter", "available_trees", "chain",
     "compact_cache", "load_tree", "new_cache", "pack_linears", "process_logits", "unpack_linears", "verify_chain_sampling", "verify_greedy",
     "verify_sampling", "verify_typical",

@@ -90,7 +90,12 @@ EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5",
 DEFAULT_EAGLE_TREES = [name for name in EAGLE_TREES if not name.endswith("-unpruned")]
 
 
-def eagle_methods(target, folder: str, trees, taken=()) -> dict:
+def with_lookup(drafter, lookup: bool) -> list:
+    """The drafter alone, and with prompt lookup merged into its tree (a hybrid) when ``lookup``."""
+    return [("", drafter)] + ([(" + lookup", [drafter, PromptLookup()])] if lookup else [])
+
+
+def eagle_methods(target, folder: str, trees, taken=(), lookup: bool = False) -> dict:
     """One method per tree. A drafter whose label is already ``taken`` (another drafter of the same
     version) is labelled with its folder's name too, or with the whole path where that is taken as well
     or the folder's name is the label itself (two runs' ``eagle3`` folders)."""
@@ -100,12 +105,14 @@ def eagle_methods(target, folder: str, trees, taken=()) -> dict:
     # a folder named like the label itself ("outputs/x/eagle3") tells nothing: its whole path then
     candidates = (version, *([f"{version} ({base})"] if base != version else []), f"{version} ({folder})")
     label = next((c for c in candidates if not any(name.startswith(c + " ") for name in taken)), candidates[-1])
-    return {f"{label} {name}": ("headway", SpeculativeGenerator(target, head, tree=EAGLE_TREES[name])) for name in trees}
+    return {f"{label} {name}{suffix}": ("headway", SpeculativeGenerator(target, drafter, tree=EAGLE_TREES[name]))
+            for name in trees for suffix, drafter in with_lookup(head, lookup)}
 
 
 def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eagle_trees=tuple(DEFAULT_EAGLE_TREES),
-            medusa_trees=MEDUSA_TREES, families=FAMILIES) -> dict:
-    """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator), for the chosen families."""
+            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup: bool = False) -> dict:
+    """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator), for the chosen families;
+    ``lookup``: each trained drafter also as a hybrid with prompt lookup ("... + lookup")."""
     out = {"plain": ("hf", {})}
     if "hf-lookup" in families:
         out["hf prompt lookup (10)"] = ("hf", {"prompt_lookup_num_tokens": 10})
@@ -119,9 +126,10 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
     if "medusa" in families and heads_dir:
         heads = load_drafter(heads_dir)
         for tree in medusa_trees:
-            out[f"medusa {tree}"] = ("headway", SpeculativeGenerator(target, heads, tree=tree))
+            for suffix, drafter in with_lookup(heads, lookup):
+                out[f"medusa {tree}{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree=tree))
     for folder in eagle_dirs if "eagle" in families else ():
-        out.update(eagle_methods(target, folder, eagle_trees, out))
+        out.update(eagle_methods(target, folder, eagle_trees, out, lookup))
     if draft_layers and "draft-model" in families:
         out[f"draft model: first {draft_layers} layers, chain-3"] = (
             "headway", SpeculativeGenerator(target, DraftModelDrafter(early_exit_model(target, draft_layers), gamma=3)))
@@ -340,6 +348,8 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--repeats", type=int, default=1,
                    help="run the whole prompt set this many times; the table pools them and adds each run's speedup")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest and steadiest on small CPUs)")
+    p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run each Medusa/EAGLE tree as a hybrid with prompt lookup merged into it (+ lookup rows)")
     p.add_argument("--pack-linears", action=argparse.BooleanOptionalAction, default=True,
                    help="float32 CPU target: prepack its linear weights for multi-row passes (verification, prefill; "
                         "one-row plain decoding keeps its kernel), see headway.inference.cpu_gemm; no-op elsewhere")
@@ -378,7 +388,7 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     eos = tokenizer.eos_token_id
     packed = pack_linears(target) if args.pack_linears else 0
     table = methods(target, heads_dir, args.draft_layers, eagle_dirs, eagle_trees,
-                    [t for t in args.medusa_trees.split(",") if t], families)
+                    [t for t in args.medusa_trees.split(",") if t], families, args.lookup)
     device = next(target.parameters()).device
     groups = fitting_groups(groups, tokenizer, context_length(target.config), args.max_new_tokens)
     if device.type != "cpu":  # first calls on a GPU pay for kernel selection and allocator growth: not timed

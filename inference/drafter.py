@@ -95,6 +95,10 @@ def as_drafter(obj) -> Drafter:
     """Wrap what the user passed: a Drafter, ``MedusaHeads``, or a transformers causal LM (draft model)."""
     if isinstance(obj, Drafter):
         return obj
+    if isinstance(obj, (list, tuple)):  # several drafters, one verification pass
+        from headway.inference.hybrid import HybridDrafter
+
+        return HybridDrafter(list(obj))
     from headway.heads.eagle import EagleHead
     from headway.heads.medusa import MedusaHeads
 
@@ -113,4 +117,5 @@ def as_drafter(obj) -> Drafter:
 
         return DraftModelDrafter(obj)
     raise ValueError(f"unsupported drafter {type(obj).__name__}: pass MedusaHeads, EagleHead, a transformers causal LM sharing "
-                     "the target's tokenizer, PromptLookup(...), or a headway.inference.Drafter")
+                     "the target's tokenizer, PromptLookup(...), SuffixDecoding(...), a headway.inference.Drafter, "
+                     "or a list of them (one hybrid drafter)")

@@ -206,10 +206,13 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == greedy_text(tiny_target, 20) + "\n"
     assert stats_line(captured.err).startswith("tau 5.00 (20 new tokens in 4 target passes)"), captured.err
-    # the same with MKL's GEMM as loaded (the default prepacks the float32 CPU target's linears)
-    assert main(["generate", "--model", str(tiny_target), "--draft-model", str(tiny_target), "--prompt", PROMPT,
-                 "--max-new-tokens", "20", "--device", "cpu", "--no-pack-linears"]) == 0
-    assert capsys.readouterr().out == greedy_text(tiny_target, 20) + "\n"
+    # the same with MKL's GEMM as loaded (the default prepacks the float32 CPU target's linears), and
+    # without prompt lookup merged into the draft model's tree (--no-lookup)
+    for flag in ("--no-pack-linears", "--no-lookup"):
+        assert main(["generate", "--model", str(tiny_target), "--draft-model", str(tiny_target), "--prompt", PROMPT,
+                     "--max-new-tokens", "20", "--device", "cpu", flag]) == 0
+        captured = capsys.readouterr()
+        assert captured.out == greedy_text(tiny_target, 20) + "\n" and "tau 5.00" in captured.err, (flag, captured.err)
     chat.write_text('[{"role": "wizard", "content": "hi"}]')
     capsys.readouterr()
     assert main(["generate", "--model", str(tiny_target), "--chat-file", str(chat)]) == 2

@@ -56,6 +56,12 @@ WIRING = {
     # suffix decoding's every path follows an earlier occurrence of a context suffix, as prompt lookup's does
     "suffix": lambda m: WiringCase(SuffixDecoding(cross_request=False, max_spec_factor=4.0, min_token_prob=0.0),
                                    check_draft=lookup_check(SimpleNamespace(min_ngram_size=1, max_ngram_size=12))),
+    # hybrids: deterministic trees merge (Medusa's top-k with copied branches), sampled ones (a draft
+    # model's q) verify alone, the retrieval draft set aside that round
+    "hybrid-medusa": lambda m: WiringCase([m.heads, PromptLookup(max_matches=2, max_ngram_size=2)], TREE,
+                                          fixed_shape=False),
+    "hybrid-draft": lambda m: WiringCase([DraftModelDrafter(m.draft), SuffixDecoding(cross_request=False)], "chain-2",
+                                         q_ref=lm_q_ref(m.draft)),
     # EAGLE over static trees samples its children: q is the head's own distribution at the node (the head
     # run over the target's features of the context, then over its own states along the path)
     "eagle1-chain": lambda m: WiringCase(m.eagle1, "chain-2", q_ref=eagle_q_ref(m.target, m.eagle1)),
@@ -186,7 +192,7 @@ def sample_first3(target, drafter, tree, params, n, seed):
 
 DEFAULT_CASES = [("medusa-chain", "T1"), ("medusa-tree", "T0.7-p0.9"), ("draft-chain", "T0.7-p0.9"),
                  ("draft-tree", "T1"), ("lookup-chain", "T1"), ("lookup-tree", "T0.7-p0.9"), ("eagle3-tree", "T1"),
-                 ("suffix", "T0.7-p0.9")]
+                 ("suffix", "T0.7-p0.9"), ("hybrid-medusa", "T0.7-p0.9")]
 # One per drafter kind, both settings, the (drafter, setting) pairs the default lane does not run.
 SLOW_CASES = [("medusa-tree", "T1"), ("draft-tree", "T0.7-p0.9"), ("draft-chain", "T1"), ("lookup-tree", "T1"),
               ("eagle3-tree", "T0.7-p0.9"), ("eagle3-dynamic", "T1")]
