@@ -249,7 +249,9 @@ def add_generate(sub) -> None:
     p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
                    help="with --drafter or --draft-model: merge prompt lookup's copied branch into the drafter's tree "
                         "each round (one hybrid drafter, one verification pass)")
-    p.add_argument("--tree", help="a shipped tree name (chain-4, tree-15, ...), a tree YAML file, a list of "
+    p.add_argument("--tree", help="auto (each round verify the part of the drafter's tree that pays under the "
+                                  "target's measured cost curve, down to a plain step), "
+                                  "a shipped tree name (chain-4, tree-15, ...), a tree YAML file, a list of "
                                   "top-k paths like '[[0],[0,0],[1]]', or EAGLE-2 settings like "
                                   "'{depth: 5, top_k: 8, total_tokens: 60}' (default: the drafter's own)")
     text = p.add_mutually_exclusive_group(required=True)

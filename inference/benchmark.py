@@ -78,12 +78,13 @@ def early_exit_model(target, layers: int):
     return draft.eval()
 
 
-MEDUSA_TREES = ("chain-1", "chain-2", "chain-3", "tree-7", "tree-15")
+MEDUSA_TREES = ("chain-1", "chain-2", "chain-3", "tree-7", "tree-15", "auto")  # auto: tree="auto" over the default tree
 # EAGLE: chains, static trees, and EAGLE-2 dynamic trees of the same widths as tree-7 / tree-15
 EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5", "tree-7": "tree-7",
                "tree-15": "tree-15", "dynamic-7": {"depth": 5, "top_k": 3, "total_tokens": 7},
                "dynamic-15": {"depth": 6, "top_k": 4, "total_tokens": 15},
                "dynamic": None,  # the drafter's default: EAGLE-2 settings sized for the device
+               "auto": "auto",  # the default dynamic tree, cut each round to what pays (headway.inference.auto)
                # the same trees feeding every frontier node, as EAGLE-2's code does (not run by default)
                "dynamic-7-unpruned": {"depth": 5, "top_k": 3, "total_tokens": 7, "prune": False},
                "dynamic-15-unpruned": {"depth": 6, "top_k": 4, "total_tokens": 15, "prune": False}}
@@ -123,6 +124,8 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
         # suffix decoding within each request; the cross-request cache would draft from the other prompts'
         # outputs (and from the same prompt's under --repeats), which this benchmark does not model
         out["suffix decoding"] = ("headway", SpeculativeGenerator(target, SuffixDecoding(cross_request=False)))
+        out["suffix decoding auto"] = ("headway", SpeculativeGenerator(target, SuffixDecoding(cross_request=False),
+                                                                       tree="auto"))
     if "medusa" in families and heads_dir:
         heads = load_drafter(heads_dir)
         for tree in medusa_trees:

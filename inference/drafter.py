@@ -36,6 +36,8 @@ class Draft:
     q: torch.Tensor | dict | None = None  # q[i] [V]: the distribution node i's children were drawn from
     # (without replacement, in sibling order); a [N, V] tensor or a dict over nodes with children.
     # None: deterministic candidates (top-k ranks, copied n-grams), verified as one-hot drafts.
+    scores: list[float] | None = None  # [N] the drafter's own estimate that node i is accepted (root 1.0):
+    # cumulative draft probabilities, continuation frequencies; None: tree="auto" uses the acceptance seen so far
 
 
 class Drafter:

@@ -17,6 +17,7 @@ expansion decides which nodes to grow:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import torch
@@ -179,4 +180,4 @@ def expand_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_
     index = {old: new for new, old in enumerate(order)}
     parents = [-1] + [index[exp.parents[n]] for n in order[1:]]
     tokens = torch.tensor([exp.tokens[n] for n in order], dtype=torch.long, device=root_logits.device)
-    return Draft(Tree(parents, name=settings.name), tokens, None)
+    return Draft(Tree(parents, name=settings.name), tokens, None, scores=[math.exp(score[n]) for n in order])

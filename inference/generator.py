@@ -18,7 +18,7 @@ import torch
 
 from headway.heads.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
-from headway.inference.drafter import Draft, DraftContext, as_drafter
+from headway.inference.drafter import ROOT_ONLY, Draft, DraftContext, as_drafter
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree
@@ -29,12 +29,18 @@ from headway.inference.verify import LazyProbs, SamplingParams, probs, verify_gr
 ACCEPTANCE = ("exact", "typical")
 
 
+def root_only_draft(root: torch.Tensor) -> Draft:
+    """A round without draft tokens: verification yields one token, as plain decoding does."""
+    return Draft(ROOT_ONLY, root.clone())
+
+
 @dataclasses.dataclass
 class GenerationStats:
     """What one ``generate`` call did. Times are seconds of wall clock."""
 
     new_tokens: int = 0
     target_forward_passes: int = 0  # verification passes; the prefill is not counted
+    plain_steps: int = 0  # passes that verified the root alone (no draft, or tree="auto" chose none)
     accepted_per_step: list[int] = dataclasses.field(default_factory=list)  # tokens produced by each pass
     draft_depth_per_step: list[int] = dataclasses.field(default_factory=list)  # depth of each proposed tree
     verify_width_per_step: list[int] = dataclasses.field(default_factory=list)  # tokens fed to each pass (padded)
@@ -84,8 +90,12 @@ class SpeculativeGenerator:
         target_model: a transformers causal LM (sdpa or eager attention), batch size 1.
         drafter: ``MedusaHeads``, a transformers causal LM sharing the target's tokenizer (the
             classic draft model), ``PromptLookup(...)``, or any ``headway.inference.Drafter``.
-        tree: None (the drafter's default), a shipped tree name, a YAML path, a list of paths of
-            top-k ranks, or a ``Tree``.
+        tree: None (the drafter's default), ``"auto"`` (each round verify the part of the drafter's
+            default tree that promises the most tokens per unit time under the target's measured cost
+            curve, down to a plain step: headway.inference.auto), a shipped tree name, a YAML path, a
+            list of paths of top-k ranks, or a ``Tree``.
+        cost_curve: the target's ``CostCurve`` for ``tree="auto"`` (None: measured once and cached
+            under the headway cache; ``refresh_cost=True`` measures it again).
         acceptance: "exact" (lossless) or "typical" (Medusa's typical acceptance: LOSSY, opt-in;
             the output then no longer follows the target's distribution).
         pad_to: verification widths between 2 and pad_to-1 are padded to pad_to. None (default):
@@ -95,14 +105,18 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, target_model, drafter, tree=None, acceptance: str = "exact", *, pad_to: int | None = None,
-                 typical_threshold: float = 0.09, typical_alpha: float = 0.3):
+                 typical_threshold: float = 0.09, typical_alpha: float = 0.3, cost_curve=None,
+                 refresh_cost: bool = False):
         if acceptance not in ACCEPTANCE:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r} ('typical' is lossy)")
         check_attention(target_model)
         self.target = target_model
         self.drafter = as_drafter(drafter)
         self.drafter.bind(target_model)
-        self.tree = self.drafter.resolve_tree(tree)  # a static Tree, or what the drafter makes of the spec
+        self.auto = isinstance(tree, str) and tree == "auto"
+        self._controller, self._curve, self._refresh = None, cost_curve, refresh_cost
+        # a static Tree, or what the drafter makes of the spec (auto: the drafter's default, pruned per round)
+        self.tree = self.drafter.resolve_tree(None if self.auto else tree)
         if isinstance(self.tree, Tree):
             self.drafter.check_tree(self.tree)
         self.acceptance = acceptance
@@ -152,6 +166,7 @@ class SpeculativeGenerator:
             generator = torch.Generator(self.device).manual_seed(int(torch.randint(2**62, ())))
         stats = GenerationStats(acceptance=self.acceptance,
                                 lossy=self.acceptance == "typical" and sampling is not None)
+        auto = self._auto_controller()  # measures the cost curve on first use (before any hook is in place)
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         drafter, layers = self.drafter, self.drafter.feature_layers
         context = self.context_length()
@@ -177,7 +192,15 @@ class SpeculativeGenerator:
             while stats.new_tokens < max_new_tokens:
                 budget = max_new_tokens - stats.new_tokens
                 t0 = time.perf_counter()
-                draft = drafter.propose(DraftContext(seq[:length], features, self.tree, budget - 1, sampling, generator))
+                drafted = auto is None or auto.should_draft()
+                if drafted:
+                    draft = drafter.propose(DraftContext(seq[:length], features, self.tree, budget - 1, sampling,
+                                                         generator))
+                    draft_seconds = time.perf_counter() - t0
+                    if auto is not None:
+                        draft = auto.select(draft, length)
+                else:  # a plain step; the drafter gets these positions' features with the next ones
+                    draft, draft_seconds = root_only_draft(seq[length - 1:length]), 0.0
                 if draft.tokens.shape[0] != draft.tree.size:
                     raise RuntimeError(f"{type(drafter).__name__} returned {draft.tokens.shape[0]} tokens "
                                        f"for a tree of {draft.tree.size} nodes")
@@ -192,7 +215,10 @@ class SpeculativeGenerator:
                 path, new = self._accept(draft, logits, sampling, generator)
                 compact_cache(cache, length - 1, path, width)
                 if capture:  # the accepted path's features: positions length-1 .. length-1+accepted
-                    features = capture.pop()[0].index_select(0, torch.tensor(path, device=self.device))
+                    accepted = capture.pop()[0].index_select(0, torch.tensor(path, device=self.device))
+                    features = accepted if drafted or features is None else torch.cat([features, accepted])
+                if auto is not None:
+                    auto.observe(draft, path, draft_seconds, length, drafted)
                 new = new[:budget]
                 hit = next((i for i, t in enumerate(new) if t in eos), None)
                 if hit is not None:
@@ -203,6 +229,7 @@ class SpeculativeGenerator:
                 if streamer is not None:
                     streamer.put(seq[length - len(new):length][None].cpu())  # [1, accepted + 1]
                 stats.target_forward_passes += 1
+                stats.plain_steps += draft.tree.size == 1
                 stats.accepted_per_step.append(len(new))
                 stats.draft_depth_per_step.append(draft.tree.depth)
                 stats.verify_width_per_step.append(width)
@@ -216,6 +243,19 @@ class SpeculativeGenerator:
         if streamer is not None:
             streamer.end()
         return SpeculativeOutput(seq[:length][None].clone(), stats)
+
+    def _auto_controller(self):
+        """The tree="auto" controller (None for a fixed tree), its cost curve loaded on first use."""
+        if not self.auto:
+            return None
+        if self._controller is None:
+            from headway.inference.auto import AutoTree
+            from headway.inference.cost_curve import load_cost_curve
+
+            curve = self._curve if self._curve is not None else load_cost_curve(self.target, refresh=self._refresh)
+            self._controller = AutoTree(curve)
+        self._controller.reset()
+        return self._controller
 
     def _accept(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams | None,
                 generator) -> tuple[list[int], list[int]]:

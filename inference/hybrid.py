@@ -80,6 +80,8 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int) -> Draft:
     if all(d.tree.size == 1 for d in drafts[1:]):
         return first
     parents, tokens = list(first.tree.parents), first.tokens.tolist()
+    scored = all(d.scores is not None for d in drafts)  # each node's best estimate when every drafter gives one
+    scores = list(first.scores) if scored else None
     child = {(parents[i], tokens[i]): i for i in range(1, len(parents))}
     for d in drafts[1:]:
         own, ids, added = d.tree.parents, d.tokens.tolist(), 0
@@ -94,5 +96,9 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int) -> Draft:
                 parents.append(key[0])
                 tokens.append(ids[i])
                 added += 1
+                if scored:
+                    scores.append(0.0)
             where[i] = child[key]
-    return Draft(Tree(parents, name="hybrid"), first.tokens.new_tensor(tokens))
+            if scored:
+                scores[where[i]] = max(scores[where[i]], d.scores[i])
+    return Draft(Tree(parents, name="hybrid"), first.tokens.new_tensor(tokens), scores=scores)

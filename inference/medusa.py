@@ -56,9 +56,14 @@ class MedusaDrafter(Drafter):
         dtype = next(self.heads.parameters()).dtype
         hidden = ctx.features[-1].to(dtype)  # [H]: the final-norm state that predicted the root
         logits = torch.stack([self.heads.head_logits(hidden, d) for d in range(depth)])  # [D, V]
-        top = self.heads.to_target_ids(logits.topk(k, dim=-1).indices.reshape(-1))  # [D * k] target ids
+        best = logits.float().softmax(-1).topk(k, dim=-1)  # [D, k]: each head's k most likely tokens
+        top = self.heads.to_target_ids(best.indices.reshape(-1))  # [D * k] target ids
         tokens = torch.cat([ctx.tokens[-1:], top[_flat_index(tree, k, top.device)]])  # [N]
-        return Draft(tree, tokens)
+        probs = best.values.tolist()
+        scores = [1.0] * tree.size  # a node's heads' probabilities multiplied along its path
+        for i in range(1, tree.size):
+            scores[i] = scores[tree.parents[i]] * probs[tree.depths[i] - 1][tree.ranks[i]]
+        return Draft(tree, tokens, scores=scores)
 
 
 def _flat_index(tree: Tree, k: int, device) -> torch.Tensor:

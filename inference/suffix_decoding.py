@@ -63,11 +63,11 @@ class SuffixTrie:
         return node
 
 
-def speculate(node: list, budget: int, depth: int, min_prob: float) -> tuple[list[int], list[int], float]:
+def speculate(node: list, budget: int, depth: int, min_prob: float):
     """A best-first tree below ``node``: (parents [N] (-1: the root), tokens [N-1] of the other nodes,
-    expected accepted length = the sum of the nodes' scores). A child's score is its parent's times
-    count(child) / the counts of its siblings together."""
-    parents, tokens, total = [-1], [], 0.0
+    expected accepted length = the sum of the nodes' scores, scores [N] with the root's 1.0). A child's
+    score is its parent's times count(child) / the counts of its siblings together."""
+    parents, tokens, total, scores = [-1], [], 0.0, [1.0]
     heap: list = []  # (-score, tie, trie node, token, tree parent, depth)
     tie = 0
 
@@ -86,10 +86,11 @@ def speculate(node: list, budget: int, depth: int, min_prob: float) -> tuple[lis
         neg, _, kid, tok, parent, level = heapq.heappop(heap)
         parents.append(parent)
         tokens.append(tok)
+        scores.append(-neg)
         total += -neg
         if level < depth:
             push(kid, len(parents) - 1, -neg, level + 1)
-    return parents, tokens, total
+    return parents, tokens, total, scores
 
 
 class SuffixDecoding(Drafter):
@@ -160,9 +161,9 @@ class SuffixDecoding(Drafter):
             if node is None or not node[NEXT]:
                 continue
             budget = min(self.max_nodes, max(1, int(self.max_spec_factor * m)))
-            parents, tokens, score = speculate(node, budget, depth, self.min_token_prob)
+            parents, tokens, score, scores = speculate(node, budget, depth, self.min_token_prob)
             if tokens:
-                return parents, tokens, score, m
+                return parents, tokens, score, m, scores
         return None
 
     def propose(self, ctx: DraftContext) -> Draft:
@@ -176,6 +177,6 @@ class SuffixDecoding(Drafter):
                              self._best(self.cache, depth, own=False) if self.cross_request else None) if f]
         if not found:
             return root_only(ctx)
-        parents, tokens, _, _ = max(found, key=lambda f: f[2])
+        parents, tokens, _, _, scores = max(found, key=lambda f: f[2])
         out = torch.tensor([int(ctx.tokens[-1])] + tokens, dtype=torch.long, device=ctx.tokens.device)
-        return Draft(Tree(parents, name="suffix"), out)
+        return Draft(Tree(parents, name="suffix"), out, scores=scores)

@@ -18,46 +18,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import time
 
 import torch
 
 from headway.heads.target import load_target
-from headway.inference.benchmark import sync_device
 from headway.inference.cpu_gemm import pack_linears, packing_available
-from headway.inference.kv_cache import crop_to, new_cache
+from headway.inference.cost_curve import seconds_per_pass
 from headway.inference.tree import chain, load_tree
-from headway.inference.tree_attention import prefill, tree_forward
-
-
-@torch.no_grad()
-def seconds_per_pass(targets, tree, prefix_ids: torch.Tensor, reps: int, rounds: int = 1) -> list[float]:
-    """Mean wall time of one tree_forward over ``tree`` after ``prefix_ids`` [1, T] (cache cropped back
-    each time), for each of ``targets``; with several, ``rounds`` alternating blocks of reps/rounds
-    passes each, so drift in the machine's speed falls on all of them alike."""
-    device = prefix_ids.device
-    t = prefix_ids.shape[1]
-    tokens = prefix_ids[0, : len(tree.parents)]
-    caches = []
-    for target in targets:
-        cache = new_cache(target)
-        prefill(target, cache, prefix_ids)
-        for _ in range(max(2, reps // 10)):  # warm-up: kernel selection, allocator growth
-            tree_forward(target, cache, tree, tokens, t)
-            crop_to(cache, t)
-        caches.append(cache)
-    total = [0.0] * len(targets)
-    block = max(1, reps // rounds)
-    for _ in range(rounds):
-        for i, (target, cache) in enumerate(zip(targets, caches)):
-            sync_device(device)
-            start = time.perf_counter()
-            for _ in range(block):
-                tree_forward(target, cache, tree, tokens, t)
-                crop_to(cache, t)
-            sync_device(device)
-            total[i] += time.perf_counter() - start
-    return [x / (block * rounds) for x in total]
 
 
 def main(argv=None) -> dict:

@@ -24,10 +24,11 @@ def test_best_first_tree_follows_the_frequencies():
     for cont in ([5, 6], [5, 6], [5, 7], [8, 9]):  # after 4: 5 three times (then 6 twice, 7 once), 8 once
         trie.start()
         trie.append([4, *cont])
-    parents, tokens, expected = speculate(trie.find([4]), budget=3, depth=2, min_prob=0.0)
+    parents, tokens, expected, scores = speculate(trie.find([4]), budget=3, depth=2, min_prob=0.0)
+    assert scores == [1.0, 0.75, 0.5, 0.25]
     assert tokens == [5, 6, 8] and parents == [-1, 0, 1, 0]  # 5 (0.75), then 5-6 (0.5), then 8 (0.25)
     assert abs(expected - (0.75 + 0.5 + 0.25)) < 1e-12
-    _, tokens, _ = speculate(trie.find([4]), budget=10, depth=2, min_prob=0.3)
+    _, tokens, _, _ = speculate(trie.find([4]), budget=10, depth=2, min_prob=0.3)
     assert tokens == [5, 6]  # 8 (0.25) and 5-7 (0.25) fall under the floor
 
 

@@ -1,0 +1,168 @@
+"""The verification cost curve t(k)/t(1) of a target: what one pass over k tokens costs relative to a
+one-token decoding step, for chains (causal attention) and trees (a 4D mask), per prefix-length band.
+
+Speculation pays when the expected new tokens of a round beat (t(k) + t_draft) / t(1); ``tree="auto"``
+reads this curve every round. It is measured once per target, device, dtype, thread count and
+packing (``fingerprint``), cached as JSON under the headway cache, and measured again on request or
+when a cached file's fingerprint differs (never used then).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from headway.inference.cpu_gemm import is_packed
+from headway.inference.kv_cache import crop_to, new_cache
+from headway.inference.tree import Tree, chain
+from headway.inference.tree_attention import prefill, tree_forward
+
+logger = logging.getLogger(__name__)
+
+KS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # verification widths timed
+PREFIXES = (128, 512, 1536)  # one band each: a prompt of up to ~300, ~1,000, or more tokens
+FORMAT = 1
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work, so wall-clock times cover it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def seconds_per_pass(targets, tree: Tree, prefix_ids: torch.Tensor, reps: int, rounds: int = 1) -> list[float]:
+    """Mean wall time of one tree_forward over ``tree`` after ``prefix_ids`` [1, T] (cache cropped back
+    each time), for each of ``targets``; with several, ``rounds`` alternating blocks of reps/rounds
+    passes each, so drift in the machine's speed falls on all of them alike."""
+    device = prefix_ids.device
+    t = prefix_ids.shape[1]
+    tokens = prefix_ids[0, : len(tree.parents)]
+    caches = []
+    for target in targets:
+        cache = new_cache(target)
+        prefill(target, cache, prefix_ids)
+        for _ in range(max(2, reps // 10)):  # warm-up: kernel selection, allocator growth
+            tree_forward(target, cache, tree, tokens, t)
+            crop_to(cache, t)
+        caches.append(cache)
+    total = [0.0] * len(targets)
+    block = max(1, reps // rounds)
+    for _ in range(rounds):
+        for i, (target, cache) in enumerate(zip(targets, caches)):
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(block):
+                tree_forward(target, cache, tree, tokens, t)
+                crop_to(cache, t)
+            sync(device)
+            total[i] += time.perf_counter() - start
+    return [x / (block * rounds) for x in total]
+
+
+def binary_tree(k: int) -> Tree:
+    """A k-node tree of the shape drafters verify (node i below node (i - 1) // 2): the 4D-mask path."""
+    return Tree([-1] + [(i - 1) // 2 for i in range(1, k)], name=f"binary-{k}")
+
+
+def fingerprint(target) -> dict:
+    """What the curve depends on: the model, its dtype and device, torch, threads, packed linears."""
+    cfg = target.config.get_text_config()
+    device = next(target.parameters()).device
+    return {"format": FORMAT, "model": str(getattr(target.config, "_name_or_path", "")),
+            "architecture": type(target).__name__, "hidden_size": cfg.hidden_size,
+            "layers": cfg.num_hidden_layers, "vocab_size": cfg.vocab_size, "dtype": str(target.dtype),
+            "device": device.type if device.type != "cuda" else f"cuda:{torch.cuda.get_device_name(device)}",
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "packed": bool(is_packed(target))}
+
+
+@dataclasses.dataclass
+class CostCurve:
+    """t(k)/t(1) per prefix band: ``chain[b][i]`` and ``tree[b][i]`` at width ``ks[i]`` after ``prefixes[b]``
+    tokens; ``t1[b]`` the seconds of one one-token step there."""
+
+    ks: list[int]
+    prefixes: list[int]
+    t1: list[float]
+    chain: list[list[float]]
+    tree: list[list[float]]
+    fingerprint: dict
+
+    def rel(self, k: int, prefix_len: int, is_chain: bool = False) -> float:
+        """t(k)/t(1) after ``prefix_len`` tokens (the nearest band; linear between measured widths,
+        extrapolated past the last one)."""
+        band = min(range(len(self.prefixes)), key=lambda b: abs(self.prefixes[b] - prefix_len))
+        ys = (self.chain if is_chain or k <= 1 else self.tree)[band]
+        if k <= self.ks[0]:
+            return ys[0]
+        i = min(bisect.bisect_left(self.ks, k), len(self.ks) - 1)
+        k0, k1, y0, y1 = self.ks[i - 1], self.ks[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (k - k0) / (k1 - k0)
+
+    def seconds(self, prefix_len: int) -> float:
+        band = min(range(len(self.prefixes)), key=lambda b: abs(self.prefixes[b] - prefix_len))
+        return self.t1[band]
+
+
+@torch.no_grad()
+def measure(target, ks=KS, prefixes=PREFIXES, reps: int = 6) -> CostCurve:
+    """Time the target's passes over chains and trees of each width after each prefix length (the
+    prefixes the target's context allows)."""
+    device = next(target.parameters()).device
+    context = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 1 << 20
+    vocab = target.config.get_text_config().vocab_size
+    ks = [k for k in ks if k < context // 2] or [1]
+    prefixes = sorted({min(p, context - max(ks) - 1) for p in prefixes if min(p, context - max(ks) - 1) > 0}) or [1]
+    g = torch.Generator().manual_seed(0)
+    t1s, chains, trees = [], [], []
+    for p in prefixes:
+        ids = torch.randint(0, vocab, (1, p + max(ks)), generator=g).to(device)
+        t1 = seconds_per_pass([target], chain(1), ids[:, :p], reps)[0]
+        chains.append([1.0 if k == 1 else seconds_per_pass([target], chain(k), ids[:, :p], reps)[0] / t1 for k in ks])
+        trees.append([1.0 if k == 1 else seconds_per_pass([target], binary_tree(k), ids[:, :p], reps)[0] / t1
+                      for k in ks])
+        t1s.append(t1)
+    return CostCurve(list(ks), list(prefixes), t1s, chains, trees, fingerprint(target))
+
+
+def cache_path(target, folder: Path | None = None) -> Path:
+    from headway.heads.target import headway_cache_dir
+
+    key = hashlib.sha256(json.dumps(fingerprint(target), sort_keys=True).encode()).hexdigest()[:20]
+    return (folder or headway_cache_dir() / "cost_curves") / f"{key}.json"
+
+
+def load_cost_curve(target, refresh: bool = False, path: Path | None = None) -> CostCurve:
+    """The target's cost curve from the headway cache (or ``path``), measured and saved when absent,
+    when ``refresh``, or when the saved one was measured for another target, device, dtype, thread
+    count or packing (a warning says so; such a curve is never used)."""
+    from headway.train.checkpoint import atomic_write_text
+
+    path = Path(path) if path is not None else cache_path(target)
+    want = fingerprint(target)
+    if path.is_file() and not refresh:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("fingerprint") == want:
+                return CostCurve(**data)
+            warnings.warn(f"the cost curve in {path} was measured for another setup "
+                          f"({_differs(data.get('fingerprint') or {}, want)}); measuring this one", stacklevel=2)
+        except (json.JSONDecodeError, TypeError):
+            warnings.warn(f"the cost curve in {path} is unreadable; measuring it again", stacklevel=2)
+    logger.info("measuring the verification cost curve of %s (once; cached in %s)", want["model"], path)
+    curve = measure(target)
+    atomic_write_text(path, json.dumps(dataclasses.asdict(curve), indent=1))
+    return curve
+
+
+def _differs(old: dict, new: dict) -> str:
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return ", ".join(f"{k} {old.get(k)!r} vs {new.get(k)!r}" for k in keys[:3])
