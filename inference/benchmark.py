@@ -267,6 +267,8 @@ def summarize(rows: list[dict], plain: list[dict], prefill: float) -> dict:
         s.update(tau=tau, decode_speedup=t1 / (decode / tokens), bound=tau * t1 / (t_verify + t_draft),
                  t_verify_rel=t_verify / t1, t_draft_rel=t_draft / t1,
                  bookkeeping_share=sum(st["time_bookkeeping"] for st in stats) / rounds,
+                 control_share=sum(st.get("time_control", 0.0) for st in stats) / rounds,
+                 plain_share=sum(st.get("plain_steps", 0) for st in stats) / passes,
                  mean_width=sum(sum(st["verify_width_per_step"]) for st in stats) / passes,
                  # one draft step = one drafter forward per tree level (a pass drafts depth levels)
                  t_draft_step_rel=t_draft / t1 / max(1.0, sum(sum(st["draft_depth_per_step"]) for st in stats) / passes),
@@ -415,12 +417,13 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
               f"{str(target.dtype).removeprefix('torch.')}, {args.threads} thread(s)"
               f"{f', {packed} linears packed' if packed else ''})")
         print(f"{'method':<36} {'tau':>5} {'tok/s':>6} {'speedup':>8} {'decode':>7} {'bound':>6} {'t(k)':>5} "
-              f"{'draft':>6} {'/step':>6} {'bookk.':>6} {'same':>5}" + (f" {'runs':>11}" if args.repeats > 1 else ""))
+              f"{'draft':>6} {'/step':>6} {'bookk.':>6} {'plain':>5} {'same':>5}" + (f" {'runs':>11}" if args.repeats > 1 else ""))
         for name, s in per.items():
             tau = f"{s['tau']:.2f}" if "tau" in s else "-"
             extra = (f"{s['decode_speedup']:>6.2f}x {s['bound']:>5.2f}x {s['t_verify_rel']:>5.2f} {s['t_draft_rel']:>6.2f} "
-                     f"{s['t_draft_step_rel']:>6.3f} {100 * s['bookkeeping_share']:>5.1f}%") if "tau" in s else \
-                f"{'-':>7} {'-':>6} {'-':>5} {'-':>6} {'-':>6} {'-':>6}"
+                     f"{s['t_draft_step_rel']:>6.3f} {100 * s['bookkeeping_share']:>5.1f}% "
+                     f"{100 * s['plain_share']:>4.0f}%") if "tau" in s else \
+                f"{'-':>7} {'-':>6} {'-':>5} {'-':>6} {'-':>6} {'-':>6} {'-':>5}"
             spread = f" {min(s['speedup_runs']):>5.2f}-{max(s['speedup_runs']):.2f}x" if "speedup_runs" in s else ""
             print(f"{name:<36} {tau:>5} {s['tokens_per_s']:>6.1f} {s['speedup']:>7.2f}x {extra} "
                   f"{'yes' if s['identical'] else 'NO':>5}{spread}")
@@ -436,7 +439,7 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
                                                   "overall": mean, "raw": raw}, indent=1))
     plot(results, out / "acceptance.png")
     print(f"\nspeedup: whole calls{' (all repeats pooled; runs: each repeat alone, min-max)' if args.repeats > 1 else ''}; decode: prefill excluded on both sides; bound: tau*t(1)/(t(k)+t_draft); t(k), "
-          f"draft: per verification pass, relative to plain decode time per token t(1); /step: draft time per drafted level.\nWrote {out}/results.json "
+          f"draft: per verification pass, relative to plain decode time per token t(1); /step: draft time per drafted level; plain: passes that verified the root alone.\nWrote {out}/results.json "
           f"and {out}/acceptance.png")
     return results
 

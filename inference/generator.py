@@ -48,6 +48,7 @@ class GenerationStats:
     time_draft: float = 0.0  # inside the drafter
     time_verify: float = 0.0  # the target's verification forwards
     time_bookkeeping: float = 0.0  # acceptance, cache compaction, sequence updates
+    time_control: float = 0.0  # tree="auto": choosing the tree and learning from the round (in draft and bookkeeping)
     acceptance: str = "exact"
     lossy: bool = False  # True only for acceptance="typical" with temperature > 0: output is NOT the target's
 
@@ -199,6 +200,7 @@ class SpeculativeGenerator:
                     draft_seconds = time.perf_counter() - t0
                     if auto is not None:
                         draft = auto.select(draft, length)
+                        stats.time_control += time.perf_counter() - t0 - draft_seconds
                 else:  # a plain step; the drafter gets these positions' features with the next ones
                     draft, draft_seconds = root_only_draft(seq[length - 1:length]), 0.0
                 if draft.tokens.shape[0] != draft.tree.size:
@@ -218,7 +220,9 @@ class SpeculativeGenerator:
                     accepted = capture.pop()[0].index_select(0, torch.tensor(path, device=self.device))
                     features = accepted if drafted or features is None else torch.cat([features, accepted])
                 if auto is not None:
+                    tc = time.perf_counter()
                     auto.observe(draft, path, draft_seconds, length, drafted)
+                    stats.time_control += time.perf_counter() - tc
                 new = new[:budget]
                 hit = next((i for i, t in enumerate(new) if t in eos), None)
                 if hit is not None:
