@@ -227,7 +227,7 @@ def run_generate(args) -> int:
         if args.pack_linears:
             pack_linears(target)  # float32 CPU only: the verification passes' GEMMs on prepacked weights
         generator = torch.Generator(device).manual_seed(args.seed) if args.seed is not None else None
-        gen = SpeculativeGenerator(target, drafter, tree=parse_tree(args.tree))
+        gen = SpeculativeGenerator(target, drafter, tree=parse_tree(args.tree)).prepare()  # auto: its cost curve
         out = gen.generate(ids, max_new_tokens=args.max_new_tokens, generator=generator, eos_token_id=eos,
                            streamer=streamer, **sampling)
         new, passes, seconds = out.stats.new_tokens, out.stats.target_forward_passes, out.stats.time_total

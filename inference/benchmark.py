@@ -395,6 +395,9 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     table = methods(target, heads_dir, args.draft_layers, eagle_dirs, eagle_trees,
                     [t for t in args.medusa_trees.split(",") if t], families, args.lookup)
     device = next(target.parameters()).device
+    for kind, method in table.values():  # tree="auto": the cost curve is measured (once, cached) before any timing
+        if kind == "headway":
+            method.prepare()
     groups = fitting_groups(groups, tokenizer, context_length(target.config), args.max_new_tokens)
     if device.type != "cpu":  # first calls on a GPU pay for kernel selection and allocator growth: not timed
         warm = tokenizer("Hello there, how are you today?", return_tensors="pt")["input_ids"].to(device)

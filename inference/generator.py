@@ -248,6 +248,13 @@ class SpeculativeGenerator:
             streamer.end()
         return SpeculativeOutput(seq[:length][None].clone(), stats)
 
+    def prepare(self) -> "SpeculativeGenerator":
+        """Load (or measure, once, and cache) the cost curve ``tree="auto"`` needs, so the first
+        ``generate`` call is not slowed by it; a no-op for a fixed tree. Returns the generator."""
+        if self.auto and self._controller is None:
+            self._auto_controller()
+        return self
+
     def _auto_controller(self):
         """The tree="auto" controller (None for a fixed tree), its cost curve loaded on first use."""
         if not self.auto:

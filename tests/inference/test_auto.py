@@ -152,3 +152,13 @@ def test_the_cost_curve_is_measured_once_and_never_taken_from_another_setup(mode
     with pytest.raises(AssertionError, match="measured again"):
         cc.load_cost_curve(target, path=path.with_name("other.json"), refresh=True)
     assert MedusaDrafter  # exported
+
+
+def test_prepare_loads_the_curve_before_the_first_call(models, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cc, "load_cost_curve", lambda target, refresh=False: calls.append(refresh) or curve(0.1))
+    gen = SpeculativeGenerator(models["target"], PromptLookup(), tree="auto").prepare()
+    assert calls == [False]
+    gen.generate(torch.tensor([PROMPT]), max_new_tokens=4)
+    assert calls == [False]  # loaded once
+    assert SpeculativeGenerator(models["target"], PromptLookup()).prepare()._controller is None
