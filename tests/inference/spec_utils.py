@@ -126,6 +126,20 @@ def noisy_copy(model, scale=0.25, seed=0):
     return draft
 
 
+def copy_prompt_tau(model, gen, g: torch.Generator, prompts: int = 3, new_tokens: int = 24) -> float:
+    """tau of ``gen`` on prompts that hold a passage and the start of its copy, each output asserted
+    equal to the target's own greedy continuation."""
+    new = passes = 0
+    for i in range(prompts):
+        segment = torch.randint(2, 8, (int(torch.randint(4, 12, (), generator=g)),), generator=g)
+        prompt = torch.cat([segment, segment[: 3 + i % 3]])[None]
+        out = gen.generate(prompt, max_new_tokens=new_tokens)
+        assert torch.equal(out.sequences, reference_generate(model, prompt, new_tokens, eos_token_id=None)), \
+            f"prompt {i}"
+        new, passes = new + out.stats.new_tokens, passes + out.stats.target_forward_passes
+    return new / passes
+
+
 def make_prompts(vocab, n, seed):
     """Random prompts of 1-20 tokens; every third one repeats a segment (copy-friendly)."""
     g = torch.Generator().manual_seed(seed)

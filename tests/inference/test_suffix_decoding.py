@@ -5,7 +5,7 @@ import torch
 
 from headway.inference import DraftContext, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from headway.inference.suffix_decoding import COUNT, NEXT, SuffixTrie, speculate
-from spec_utils import reference_generate, tiny_vocab_model
+from spec_utils import copy_prompt_tau, reference_generate, tiny_vocab_model
 
 
 def test_trie_counts_every_substring_up_to_its_depth():
@@ -36,16 +36,8 @@ def test_greedy_equals_generate_and_a_repeat_drafts_from_the_earlier_output():
     model = tiny_vocab_model(seed=3)
     g = torch.Generator().manual_seed(0)
     for drafter in (SuffixDecoding(), SuffixDecoding(max_spec_factor=2.0, max_nodes=16)):
-        gen = SpeculativeGenerator(model, drafter)
-        new = passes = 0
-        for i in range(3):
-            segment = torch.randint(2, 8, (int(torch.randint(4, 12, (), generator=g)),), generator=g)
-            prompt = torch.cat([segment, segment[: 3 + i % 3]])[None]  # a passage and the start of its copy
-            ref = reference_generate(model, prompt, 24, eos_token_id=None)
-            out = gen.generate(prompt, max_new_tokens=24)
-            assert torch.equal(out.sequences, ref), f"prompt {i}"
-            new, passes = new + out.stats.new_tokens, passes + out.stats.target_forward_passes
-        assert new / passes > 2.0, f"tau {new / passes:.2f}"
+        tau = copy_prompt_tau(model, SpeculativeGenerator(model, drafter), g)
+        assert tau > 2.0, f"tau {tau:.2f}"
     # the same unrepetitive prompt twice: the second request copies the first one's output
     prompt = torch.tensor([[2, 5, 3, 7]])
     ref = reference_generate(model, prompt, 20, eos_token_id=None)
