@@ -153,3 +153,14 @@ def run_main(train: Callable, parse: Callable, argv: list[str] | None = None):
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        close_process_group()
+
+
+def close_process_group() -> None:
+    """Tear the process group down before the interpreter exits: left to exit-time destructors, a gloo
+    rank has been seen to abort ("terminate called without an active exception") after a finished run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
