@@ -44,6 +44,7 @@ class AutoTree:
         self.draft_cost = 0.0  # drafting time per round / t(1), running mean
         self.skip, self.backoff = 0, 1
         self.rate = 1.0  # the last round's best tokens per step, drafting included
+        self._predicted_now = 0.0  # the drafter's scores summed over the nodes kept this round
 
     def reset(self) -> None:
         """A new generate call: try the drafter at once."""
@@ -120,7 +121,7 @@ class AutoTree:
                 stat[0] += i in on_path
                 stat[1] += 1
         if draft.scores is not None and tree.size > 1:
-            self.predicted = DECAY * self.predicted + getattr(self, "_predicted_now", 0.0)
+            self.predicted = DECAY * self.predicted + self._predicted_now
             self.accepted = DECAY * self.accepted + (len(path) - 1)
         if self.rate < 1.0 and self.draft_cost > CHEAP_DRAFT:  # drafting lost to plain decoding this round
             self.skip, self.backoff = self.backoff, min(2 * self.backoff, MAX_BACKOFF)

@@ -45,6 +45,7 @@ from headway.heads import load_drafter
 from headway.heads.base import read_config_file, resolve_folder
 from headway.heads.target import DEFAULT_MODEL, load_target
 from headway.inference.bench_prompts import chat_prompts
+from headway.inference.cost_curve import sync as sync_device
 from headway.inference.inputs import context_length
 from headway.inference.task_prompts import GROUPS, prompts_file, task_prompts
 from headway.inference.cpu_gemm import pack_linears
@@ -177,12 +178,6 @@ def prompt_groups(args) -> dict[str, list[list[dict]]]:
     counts = {"chat": args.prompts, "copy": args.copy_prompts}
     groups = {g: task_prompts(g, counts.get(g, args.per_group)) for g in names}
     return {g: prompts for g, prompts in groups.items() if prompts}
-
-
-def sync_device(device: torch.device) -> None:
-    """Wait for queued GPU work, so wall-clock times cover it (a no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()

@@ -73,7 +73,12 @@ ROOT_ONLY = Tree([-1], name="root")
 
 def root_only(ctx: DraftContext) -> Draft:
     """The empty draft: verification then yields exactly one token, like plain decoding."""
-    return Draft(ROOT_ONLY, ctx.tokens[-1:].clone())
+    return root_draft(ctx.tokens)
+
+
+def root_draft(tokens: torch.Tensor) -> Draft:
+    """The empty draft after ``tokens`` [L] (the last one is the root)."""
+    return Draft(ROOT_ONLY, tokens[-1:].clone())
 
 
 def sample_children(logits: torch.Tensor, k: int, sampling: SamplingParams | None,

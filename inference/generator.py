@@ -18,7 +18,7 @@ import torch
 
 from headway.heads.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
-from headway.inference.drafter import ROOT_ONLY, Draft, DraftContext, as_drafter
+from headway.inference.drafter import Draft, DraftContext, as_drafter, root_draft
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree
@@ -27,11 +27,6 @@ from headway.inference.inputs import check_generation, context_length
 from headway.inference.verify import LazyProbs, SamplingParams, probs, verify_greedy, verify_sampling, verify_typical
 
 ACCEPTANCE = ("exact", "typical")
-
-
-def root_only_draft(root: torch.Tensor) -> Draft:
-    """A round without draft tokens: verification yields one token, as plain decoding does."""
-    return Draft(ROOT_ONLY, root.clone())
 
 
 @dataclasses.dataclass
@@ -202,7 +197,7 @@ class SpeculativeGenerator:
                         draft = auto.select(draft, length)
                         stats.time_control += time.perf_counter() - t0 - draft_seconds
                 else:  # a plain step; the drafter gets these positions' features with the next ones
-                    draft, draft_seconds = root_only_draft(seq[length - 1:length]), 0.0
+                    draft, draft_seconds = root_draft(seq[:length]), 0.0
                 if draft.tokens.shape[0] != draft.tree.size:
                     raise RuntimeError(f"{type(drafter).__name__} returned {draft.tokens.shape[0]} tokens "
                                        f"for a tree of {draft.tree.size} nodes")

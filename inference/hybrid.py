@@ -34,6 +34,7 @@ class HybridDrafter(Drafter):
             raise ValueError("a hybrid drafter needs at least one drafter")
         self.drafters = [as_drafter(d) for d in drafters]
         self.max_extra_nodes = max_extra_nodes
+        self._others = [None] * (len(self.drafters) - 1)  # the other drafters' own trees (resolve_tree)
 
     def bind(self, target_model) -> None:
         for i, d in enumerate(self.drafters):
@@ -63,9 +64,8 @@ class HybridDrafter(Drafter):
             d.reset()
 
     def propose(self, ctx: DraftContext) -> Draft:
-        others = getattr(self, "_others", None) or [d.resolve_tree(None) for d in self.drafters[1:]]
         drafts = [self.drafters[0].propose(ctx)]
-        for d, tree in zip(self.drafters[1:], others):
+        for d, tree in zip(self.drafters[1:], self._others):
             sub = dataclasses.replace(ctx, tree=tree, features=ctx.features if d.feature_layers else None)
             drafts.append(d.propose(sub))
         if any(d.q is not None for d in drafts):  # sampled candidates: one drafter's tree this round
