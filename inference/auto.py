@@ -1,21 +1,29 @@
-"""``tree="auto"``: each round, how much to speculate, down to none (a plain decoding step).
+"""``tree="auto"`` (the default): each round, how much to speculate, down to none (a plain decoding step).
 
 The drafter proposes its default tree; the controller keeps the part of it that promises the most
 new tokens per unit of time and verifies only that. A node's chance of being accepted is the
-drafter's own estimate where it gives one (``Draft.scores``: EAGLE-2's cumulative probabilities,
-Medusa heads' top-k probabilities multiplied along the path, suffix decoding's continuation
-frequencies), scaled by how well those estimates matched the acceptance seen so far; otherwise the
-acceptance seen so far at the node's depth and sibling rank. Keeping the k best nodes (best first,
-each below a kept parent, siblings in their rank order) promises
+drafter's own estimate (``Draft.scores``: EAGLE-2's cumulative probabilities, the draft
+probabilities of a static tree, Medusa heads' top-k probabilities multiplied along the path,
+suffix decoding's continuation frequencies, prompt lookup's n-gram length) calibrated against the
+acceptance seen so far: per drafter (a hybrid's parts apart), per depth and per band of the
+drafter's conditional estimate, a node's chance given its parent is the share of such nodes
+accepted, shrunk towards the drafter's own figure while few were tried. Keeping the k best nodes
+(best first, each below a kept parent, siblings in their rank order) promises
 
     E(k) = 1 + sum of the k scores                  new tokens (the bonus token included)
 
-at a cost of t(k + 1)/t(1) + t_draft/t(1) one-token steps, with t(k)/t(1) the target's measured cost
-curve (``headway.inference.cost_curve``) and t_draft the drafter's measured time; the k with the
-best ratio is verified, k = 0 being a plain step. When even the best k would be slower than plain
-decoding once the drafting is paid for, the next rounds skip the drafter (plain steps, its
-features kept for it), then try it again, waiting twice as long each time it still does not pay (at
-most ``MAX_BACKOFF`` rounds). Verification is unchanged, so the output is exactly the target's.
+at a cost of t(k + 1)/t(1) + t_draft/t(1) one-token steps: t(k)/t(1) the target's measured cost
+curve (``headway.inference.cost_curve``) as corrected by the passes timed during generation
+(``OnlineCost``; while drafting pays little, a few early rounds are plain steps until t(1) itself
+has been timed), t_draft
+this round's drafting time. The k with the best ratio is verified, k = 0 being a plain step.
+
+When even the best k is slower than plain decoding once the drafting is paid for, the next rounds
+skip the drafter (plain steps, its features kept for it), then try it again, waiting twice as long
+each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request tries it at once,
+keeping the wait it had reached). A hybrid's retrieval part drafts every round; its model drafter
+is skipped the same way whenever, with retrieval's candidates at hand, it did not add enough to
+pay for itself (``gate``). Verification is unchanged, so the output is exactly the target's.
 """
 
 from __future__ import annotations
@@ -24,74 +32,119 @@ import heapq
 
 import torch
 
-from headway.inference.cost_curve import CostCurve
+from headway.inference.cost_curve import CostCurve, OnlineCost
 from headway.inference.drafter import Draft
 from headway.inference.tree import Tree
+from headway.inference.tree_attention import verify_width
 
 MAX_BACKOFF = 16  # rounds without drafting, at most, before the drafter is tried again
-PRIOR = (1.0, 2.0)  # pseudo-counts (accepted, tried) of a node of rank 0 before any was seen
+PRIOR_WEIGHT = 2.0  # tries the drafter's own estimate counts for in a calibration cell
 DECAY = 0.97  # weight of the past in the acceptance estimates (about the last 30 rounds count)
+BINS = 5  # bands of the drafter's conditional estimate a calibration cell covers
+DEPTHS = 4  # calibration cells per depth 1, 2, 3, and 4 or deeper
 CHEAP_DRAFT = 0.02  # a drafter costing under this share of a step is never skipped (retrieval)
+PLAIN_PASSES = 4  # one-token passes timed before t(1)'s correction is trusted; until then every
+PLAIN_EVERY = 8  # PLAIN_EVERY-th round is a plain step, while drafting pays less than
+PLAIN_BELOW = 1.5  # this many tokens per step (above it, t(1)'s error cannot turn the choice)
+
+
+class Backoff:
+    """Rounds to sit out after a round that did not pay, doubling while it keeps not paying."""
+
+    def __init__(self):
+        self.skip, self.wait = 0, 1
+
+    def take(self) -> bool:
+        """True: sit this round out."""
+        if self.skip > 0:
+            self.skip -= 1
+            return True
+        return False
+
+    def lost(self) -> None:
+        self.skip, self.wait = self.wait, min(2 * self.wait, MAX_BACKOFF)
+
+    def paid(self) -> None:
+        self.wait = 1
 
 
 class AutoTree:
     """The per-round choice of ``tree="auto"``; one per generator (its estimates carry over calls)."""
 
-    def __init__(self, curve: CostCurve):
-        self.curve = curve
-        self.seen: dict[tuple[int, int], list[float]] = {}  # (depth, rank) -> [accepted, tried]
-        self.predicted, self.accepted = 1.0, 1.0  # the drafter's scores vs what was accepted (calibration)
-        self.draft_cost = 0.0  # drafting time per round / t(1), running mean
-        self.skip, self.backoff = 0, 1
+    def __init__(self, curve: CostCurve, pad_to: int = 1):
+        self.cost = OnlineCost(curve)
+        self.pad_to = pad_to  # the generator's padding of verification widths
+        self.cells: dict[tuple[int, int, int], list[float]] = {}  # (source, depth, band) -> [accepted, tried]
+        self.drafter_backoff = Backoff()  # the whole drafter (a hybrid: its model part when nothing was retrieved)
+        self.model_backoff = Backoff()  # a hybrid's model part next to retrieved candidates
+        self.rounds = 0
         self.rate = 1.0  # the last round's best tokens per step, drafting included
-        self._predicted_now = 0.0  # the drafter's scores summed over the nodes kept this round
+        self._gate = None  # this round, a hybrid's: [retrieval draft, its seconds, whether the model drafted]
+        self._model_paid = True
+        self._draft_steps = 0.0  # this round's drafting time / t(1)
 
     def reset(self) -> None:
-        """A new generate call: try the drafter at once."""
-        self.skip, self.backoff = 0, 1
+        """A new generate call: try the drafter at once (keeping how long it waits if it still loses)."""
+        self.drafter_backoff.skip = self.model_backoff.skip = 0
 
     def should_draft(self) -> bool:
-        if self.skip > 0:
-            self.skip -= 1
-            return False
-        return True
+        """Whether to draft this round at all (False: a plain step)."""
+        self.rounds += 1
+        self._gate = None
+        if self.cost.plain_passes() < PLAIN_PASSES and self.rounds % PLAIN_EVERY == 0 and self.rate < PLAIN_BELOW:
+            return False  # time a one-token step: t(1) as generation sees it
+        return not self.drafter_backoff.take()
 
-    def _prob(self, depth: int, rank: int) -> float:
-        acc, tried = self.seen.get((depth, rank), (0.0, 0.0))
-        prior_acc = PRIOR[0] / (rank + 1)
-        return (acc + prior_acc) / (tried + PRIOR[1])
+    def gate(self, retrieval: Draft, seconds: float) -> bool:
+        """A hybrid drafter's question: with ``retrieval`` drafted, should its model drafter draft too?"""
+        if retrieval.tree.size == 1:  # nothing retrieved: the model drafter alone decides the round
+            go = not self.drafter_backoff.take()
+        else:
+            go = not self.model_backoff.take()
+        self._gate = [retrieval, seconds, go]
+        return go
+
+    def _cell(self, draft: Draft, score: list[float] | None, node: int) -> tuple[tuple[int, int, int], float]:
+        """(calibration cell, the drafter's own conditional estimate) of ``node``."""
+        tree = draft.tree
+        if score is not None:
+            parent = score[tree.parents[node]]
+            cond = min(1.0, score[node] / parent) if parent > 0 else 0.0
+        else:
+            cond = 0.5 / (tree.ranks[node] + 1)  # no estimate: one in two for a first choice
+        source = draft.sources[node] if draft.sources is not None else 0
+        return (source, min(tree.depths[node], DEPTHS), min(int(cond * BINS), BINS - 1)), cond
 
     def scores(self, draft: Draft) -> list[float]:
-        """Each node's estimated chance of being accepted (the root's 1.0)."""
-        tree = draft.tree
-        if draft.scores is not None:
-            scale = min(2.0, self.accepted / max(self.predicted, 1e-9))
-            return [1.0] + [min(1.0, s * scale) for s in draft.scores[1:]]
+        """Each node's estimated chance of being accepted (the root's 1.0), calibrated."""
+        tree, raw = draft.tree, draft.scores
         out = [1.0] * tree.size
         for i in range(1, tree.size):
-            out[i] = out[tree.parents[i]] * self._prob(tree.depths[i], tree.ranks[i])
+            key, cond = self._cell(draft, raw, i)
+            acc, tried = self.cells.get(key, (0.0, 0.0))
+            out[i] = out[tree.parents[i]] * (acc + PRIOR_WEIGHT * cond) / (tried + PRIOR_WEIGHT)
         return out
 
-    def select(self, draft: Draft, prefix_len: int) -> Draft:
-        """The part of ``draft`` worth verifying this round (the root alone: a plain step)."""
+    def _best(self, draft: Draft, prefix_len: int, draft_steps: float) -> tuple[list[int], float]:
+        """(the nodes worth verifying, ascending, the root first; their tokens per step, drafting included)."""
         tree = draft.tree
         if tree.size == 1:
-            self.rate, self._predicted_now = 1.0 / (1.0 + self.draft_cost), 0.0
-            return draft
+            return [0], 1.0 / (1.0 + draft_steps)
         score = self.scores(draft)
         ordered = tree.children  # siblings in node order: the order sampled children were drawn in
         sampled = draft.q is not None  # sampled children must stay a prefix of their draw order
         heap = [(-score[c], c) for c in (ordered[0][:1] if sampled else ordered[0])]
         heapq.heapify(heap)
         kept, expected, chain_so_far = [0], 1.0, True
-        best_k, best_rate = 0, 1.0 / (self.curve.rel(1, prefix_len) + self.draft_cost)
+        best_k, best_rate = 0, 1.0 / (1.0 + draft_steps)
         while heap:
             neg, node = heapq.heappop(heap)
             parent = tree.parents[node]
             chain_so_far = chain_so_far and parent == kept[-1]
             kept.append(node)
             expected += -neg
-            rate = expected / (self.curve.rel(len(kept), prefix_len, chain_so_far) + self.draft_cost)
+            width = verify_width(len(kept), self.pad_to)
+            rate = expected / (self.cost.rel(width, prefix_len, chain_so_far) + draft_steps)
             if rate > best_rate:
                 best_k, best_rate = len(kept) - 1, rate
             for c in ordered[node][:1] if sampled else ordered[node]:
@@ -101,32 +154,42 @@ class AutoTree:
                 j = siblings.index(node) + 1
                 if j < len(siblings):
                     heapq.heappush(heap, (-score[siblings[j]], siblings[j]))
-        self.rate = best_rate
-        self._predicted_now = sum(score[n] for n in kept[1:best_k + 1])
-        return prune(draft, sorted(kept[:best_k + 1]))
+        return sorted(kept[:best_k + 1]), best_rate
 
-    def observe(self, draft: Draft, path: list[int], draft_seconds: float, prefix_len: int, drafted: bool) -> None:
-        """Learn from a verified round: which nodes were tried and accepted, what drafting cost."""
+    def select(self, draft: Draft, prefix_len: int, draft_seconds: float = 0.0) -> Draft:
+        """The part of ``draft`` worth verifying this round (the root alone: a plain step)."""
+        t1 = self.cost.seconds(1, prefix_len)
+        self._draft_steps = draft_seconds / t1
+        keep, self.rate = self._best(draft, prefix_len, self._draft_steps)
+        if self._gate is not None and self._gate[2] and self._gate[0].tree.size > 1:
+            retrieval, seconds, _ = self._gate  # what retrieval alone would have made of the round
+            self._model_paid = self.rate > self._best(retrieval, prefix_len, seconds / t1)[1]
+        return prune(draft, keep)
+
+    def observe(self, draft: Draft, path: list[int], prefix_len: int, drafted: bool, verify_seconds: float = 0.0,
+                width: int | None = None) -> None:
+        """Learn from a verified round: what its pass cost, which nodes were tried and accepted, and
+        whether drafting paid."""
+        if verify_seconds > 0:
+            self.cost.observe(width or draft.tree.size, prefix_len, draft.tree.is_chain, verify_seconds)
         if not drafted:
             return
-        t1 = self.curve.seconds(prefix_len)
-        self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_seconds / max(t1, 1e-9)
         tree, on_path = draft.tree, set(path)
-        for key in self.seen:
-            self.seen[key][0] *= DECAY
-            self.seen[key][1] *= DECAY
+        for stat in self.cells.values():
+            stat[0] *= DECAY
+            stat[1] *= DECAY
         for i in range(1, tree.size):
             if tree.parents[i] in on_path:  # tried: its parent was accepted
-                stat = self.seen.setdefault((tree.depths[i], tree.ranks[i]), [0.0, 0.0])
+                stat = self.cells.setdefault(self._cell(draft, draft.scores, i)[0], [0.0, 0.0])
                 stat[0] += i in on_path
                 stat[1] += 1
-        if draft.scores is not None and tree.size > 1:
-            self.predicted = DECAY * self.predicted + self._predicted_now
-            self.accepted = DECAY * self.accepted + (len(path) - 1)
-        if self.rate < 1.0 and self.draft_cost > CHEAP_DRAFT:  # drafting lost to plain decoding this round
-            self.skip, self.backoff = self.backoff, min(2 * self.backoff, MAX_BACKOFF)
-        else:
-            self.backoff = 1
+        gate, self._gate = self._gate, None
+        if gate is not None and gate[0].tree.size > 1:  # a hybrid round with retrieved candidates
+            if gate[2]:
+                self.model_backoff.paid() if self._model_paid else self.model_backoff.lost()
+        elif gate is None or gate[2]:  # the drafter (or the hybrid's model part, alone) drafted
+            lost = self.rate < 1.0 and self._draft_steps > CHEAP_DRAFT
+            self.drafter_backoff.lost() if lost else self.drafter_backoff.paid()
 
 
 def prune(draft: Draft, keep: list[int]) -> Draft:
@@ -143,4 +206,5 @@ def prune(draft: Draft, keep: list[int]) -> Draft:
     elif q is not None:
         q = q[torch.tensor(keep, device=q.device)]
     scores = [draft.scores[n] for n in keep] if draft.scores is not None else None
-    return Draft(Tree(parents, ranks=ranks, name=f"auto-{len(keep)}"), tokens, q, scores=scores)
+    sources = [draft.sources[n] for n in keep] if draft.sources is not None else None
+    return Draft(Tree(parents, ranks=ranks, name=f"auto-{len(keep)}"), tokens, q, scores=scores, sources=sources)

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import time
 import warnings
 from pathlib import Path
@@ -27,9 +28,10 @@ from headway.inference.tree_attention import prefill, tree_forward
 
 logger = logging.getLogger(__name__)
 
-KS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # verification widths timed
+KS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # verification widths timed (wider ones: extrapolated)
 PREFIXES = (128, 512, 1536)  # one band each: a prompt of up to ~300, ~1,000, or more tokens
-FORMAT = 1
+FORMAT = 2  # 2: medians of interleaved passes, t(1) a one-token step (1: t(1) was a two-token chain)
+REPS = 7  # timed passes per width and shape; the median is kept
 
 
 def sync(device: torch.device) -> None:
@@ -112,23 +114,86 @@ class CostCurve:
         return self.t1[band]
 
 
+class OnlineCost:
+    """The curve corrected by the verification passes actually timed during generation.
+
+    A pass of width w after p tokens is predicted to take ``curve.seconds(p) * curve.rel(w, p)``; the
+    ratio of its measured time to that prediction is averaged (in logs, the recent past weighing
+    most) per band of widths (1; 2-4; 5-8; 9-16; 17-32; more), starting from the curve itself. So a
+    curve measured on a busier or quieter machine, or a width whose kernels behave differently inside
+    generation, is corrected within a few rounds, and ``rel`` stays t(k)/t(1) as generation sees it.
+    """
+
+    EDGES = (1, 4, 8, 16, 32)  # upper widths of the bands
+    PRIOR = 2.0  # weight of the measured curve, in passes
+    DECAY = 0.95
+
+    def __init__(self, curve: CostCurve):
+        self.curve = curve
+        self.log_ratio = [0.0] * (len(self.EDGES) + 1)  # decayed sums of log(measured / predicted)
+        self.weight = [0.0] * (len(self.EDGES) + 1)
+
+    def _band(self, width: int) -> int:
+        return bisect.bisect_left(self.EDGES, width)
+
+    def factor(self, width: int) -> float:
+        b = self._band(width)
+        return math.exp(self.log_ratio[b] / (self.weight[b] + self.PRIOR))
+
+    def seconds(self, width: int, prefix_len: int, is_chain: bool = False) -> float:
+        """Predicted seconds of one pass over ``width`` tokens after ``prefix_len``."""
+        return self.curve.seconds(prefix_len) * self.curve.rel(width, prefix_len, is_chain) * self.factor(width)
+
+    def rel(self, width: int, prefix_len: int, is_chain: bool = False) -> float:
+        return self.seconds(width, prefix_len, is_chain) / self.seconds(1, prefix_len)
+
+    def plain_passes(self) -> float:
+        """How many one-token passes (decayed) the correction of t(1) rests on."""
+        return self.weight[0]
+
+    def observe(self, width: int, prefix_len: int, is_chain: bool, seconds: float) -> None:
+        predicted = self.curve.seconds(prefix_len) * self.curve.rel(width, prefix_len, is_chain)
+        if not (seconds > 0 and predicted > 0):
+            return
+        b = self._band(width)
+        self.log_ratio[b] = self.DECAY * self.log_ratio[b] + math.log(seconds / predicted)
+        self.weight[b] = self.DECAY * self.weight[b] + 1.0
+
+
 @torch.no_grad()
-def measure(target, ks=KS, prefixes=PREFIXES, reps: int = 6) -> CostCurve:
+def measure(target, ks=KS, prefixes=PREFIXES, reps: int = REPS) -> CostCurve:
     """Time the target's passes over chains and trees of each width after each prefix length (the
-    prefixes the target's context allows)."""
+    prefixes the target's context allows).
+
+    Every width and shape is timed once per repetition, in turn, after a warm-up pass of each, and
+    the median is kept: a one-off stall, or the machine warming up, then moves no ratio (timing
+    each width in a block of its own, the first one timed read 25-40% slow here)."""
     device = next(target.parameters()).device
     context = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 1 << 20
     vocab = target.config.get_text_config().vocab_size
     ks = [k for k in ks if k < context // 2] or [1]
     prefixes = sorted({min(p, context - max(ks) - 1) for p in prefixes if min(p, context - max(ks) - 1) > 0}) or [1]
     g = torch.Generator().manual_seed(0)
+    shapes = [(k, chain(k - 1)) for k in ks] + [(k, binary_tree(k)) for k in ks if k > 1]
     t1s, chains, trees = [], [], []
     for p in prefixes:
         ids = torch.randint(0, vocab, (1, p + max(ks)), generator=g).to(device)
-        t1 = seconds_per_pass([target], chain(1), ids[:, :p], reps)[0]
-        chains.append([1.0 if k == 1 else seconds_per_pass([target], chain(k), ids[:, :p], reps)[0] / t1 for k in ks])
-        trees.append([1.0 if k == 1 else seconds_per_pass([target], binary_tree(k), ids[:, :p], reps)[0] / t1
-                      for k in ks])
+        cache = new_cache(target)
+        prefill(target, cache, ids[:, :p])
+        times: dict[str, list[float]] = {tree.name: [] for _, tree in shapes}
+        for rep in range(reps + 1):  # the first round warms up every shape
+            for k, tree in shapes:
+                sync(device)
+                start = time.perf_counter()
+                tree_forward(target, cache, tree, ids[0, p:p + k], p)
+                sync(device)
+                if rep:
+                    times[tree.name].append(time.perf_counter() - start)
+                crop_to(cache, p)
+        median = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+        t1 = median[chain(0).name]  # a one-token step (chain(d) holds d + 1 tokens)
+        chains.append([median[chain(k - 1).name] / t1 for k in ks])
+        trees.append([1.0 if k == 1 else median[binary_tree(k).name] / t1 for k in ks])
         t1s.append(t1)
     return CostCurve(list(ks), list(prefixes), t1s, chains, trees, fingerprint(target))
 

@@ -144,15 +144,17 @@ class DraftModelDrafter(Drafter):
 
     def _chain(self, ctx: DraftContext, tree: Tree, logits: torch.Tensor) -> Draft:
         length = ctx.tokens.shape[0]
-        tokens, q = [ctx.tokens[-1:]], {}
+        tokens, q, scores = [ctx.tokens[-1:]], {}, [1.0]
         for d in range(tree.depth):
             tok, dist = sample_children(logits[None], 1, ctx.sampling, ctx.generator)  # [1, 1], [1, V]
             tokens.append(tok[0])
+            p = dist[0] if dist is not None else logits.float().softmax(-1)
+            scores.append(scores[-1] * float(p[tok[0, 0]]))  # the chain's draft probability so far (tree="auto")
             if dist is not None:
                 q[d] = dist[0]
             if d + 1 < tree.depth:
                 logits = self.fit_vocab(chain_forward(self.model, self._cache, tok[0], length + d))
-        return Draft(tree, torch.cat(tokens), q if ctx.sampling is not None else None)
+        return Draft(tree, torch.cat(tokens), q if ctx.sampling is not None else None, scores=scores)
 
     def _feed(self, length: int, device: torch.device):
         """The model run for the shared expansion: nodes after the cached context and the nodes fed."""

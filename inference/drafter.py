@@ -27,6 +27,9 @@ class DraftContext:
     max_depth: int  # nodes deeper than this are useless this round (max_new_tokens budget)
     sampling: SamplingParams | None  # None: greedy
     generator: torch.Generator | None  # the only source of randomness
+    # tree="auto" with a hybrid drafter: gate(retrieval draft, its seconds) says whether the model drafter
+    # should draft too this round (headway.inference.auto.AutoTree.gate); None: always
+    gate: object | None = None
 
 
 @dataclasses.dataclass
@@ -38,6 +41,7 @@ class Draft:
     # None: deterministic candidates (top-k ranks, copied n-grams), verified as one-hot drafts.
     scores: list[float] | None = None  # [N] the drafter's own estimate that node i is accepted (root 1.0):
     # cumulative draft probabilities, continuation frequencies; None: tree="auto" uses the acceptance seen so far
+    sources: list[int] | None = None  # [N] which drafter of a hybrid proposed node i (None: all one drafter)
 
 
 class Drafter:

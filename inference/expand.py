@@ -117,23 +117,27 @@ def expand_static(tree: Tree, root_token: int, root_logits: torch.Tensor, feed: 
     distribution to the target's [V] (both identity for a full vocabulary)."""
     exp = Expansion(list(tree.parents), [root_token] + [0] * (tree.size - 1), list(tree.depths))
     q = {}
+    scores = [1.0] * tree.size  # a node's draft probability multiplied along its path (tree="auto" reads it)
     frontier, logits = [0], root_logits[None]  # nodes whose children are picked next, their logits [R, V']
     while frontier:
         most = max(len(tree.children[n]) for n in frontier)
         k = max(most, max(tree.ranks[c] for n in frontier for c in tree.children[n]) + 1)
         cand, dist = sample_children(logits, k, sampling, generator)  # [R, k], [R, V'] | None
+        p = (dist if dist is not None else logits.float().softmax(-1)).gather(1, cand).tolist()  # [R, k]
         cand = to_target(cand).tolist()
         for row, node in enumerate(frontier):
             for j, child in enumerate(tree.children[node]):
                 # greedy: the rank-r token; sampling: the j-th draw without replacement
-                exp.tokens[child] = cand[row][tree.ranks[child] if dist is None else j]
+                col = tree.ranks[child] if dist is None else j
+                exp.tokens[child] = cand[row][col]
+                scores[child] = scores[node] * p[row][col]
             if dist is not None:
                 q[node] = widen(dist[row])
         frontier = [c for n in frontier for c in tree.children[n] if tree.children[c]]
         if frontier:
             logits = _run_feed(feed, exp, frontier)
     tokens = torch.tensor(exp.tokens, dtype=torch.long, device=root_logits.device)
-    return Draft(tree, tokens, q if sampling is not None else None)
+    return Draft(tree, tokens, q if sampling is not None else None, scores=scores)
 
 
 def expand_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_logits: torch.Tensor, feed: Feed,

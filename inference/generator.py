@@ -167,6 +167,8 @@ class SpeculativeGenerator:
         drafter, layers = self.drafter, self.drafter.feature_layers
         context = self.context_length()
         pad_to = self.pad_to if self.pad_to is not None else 1 if is_packed(self.target) else 4
+        if auto is not None:
+            auto.pad_to = pad_to
         with contextlib.ExitStack() as stack:
             # forward hooks keep only the layers the drafter reads, for the positions it has not seen
             capture = stack.enter_context(FeatureCapture(self.target, layers)) if layers else None
@@ -191,10 +193,10 @@ class SpeculativeGenerator:
                 drafted = auto is None or auto.should_draft()
                 if drafted:
                     draft = drafter.propose(DraftContext(seq[:length], features, self.tree, budget - 1, sampling,
-                                                         generator))
+                                                         generator, gate=auto.gate if auto is not None else None))
                     draft_seconds = time.perf_counter() - t0
                     if auto is not None:
-                        draft = auto.select(draft, length)
+                        draft = auto.select(draft, length, draft_seconds)
                         stats.time_control += time.perf_counter() - t0 - draft_seconds
                 else:  # a plain step; the drafter gets these positions' features with the next ones
                     draft, draft_seconds = root_draft(seq[:length]), 0.0
@@ -216,7 +218,7 @@ class SpeculativeGenerator:
                     features = accepted if drafted or features is None else torch.cat([features, accepted])
                 if auto is not None:
                     tc = time.perf_counter()
-                    auto.observe(draft, path, draft_seconds, length, drafted)
+                    auto.observe(draft, path, length, drafted, t2 - t1, width)
                     stats.time_control += time.perf_counter() - tc
                 new = new[:budget]
                 hit = next((i for i, t in enumerate(new) if t in eos), None)

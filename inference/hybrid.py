@@ -13,12 +13,18 @@ children cannot share a node, so that round verifies the first drafter's tree al
 non-empty one.
 
 The first drafter is the primary: the generator's ``tree`` argument applies to it; the others draft
-with their own defaults, their nodes capped by ``max_extra_nodes``.
+with their own defaults, their nodes capped by ``max_extra_nodes``. With ``tree="auto"`` the others
+(retrieval, nearly free) draft first and the controller decides whether the primary drafts too this
+round (``DraftContext.gate``): a model drafter that lately added nothing to what retrieval found sits
+out, and the target features it reads are kept for it until it drafts again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
+
+import torch
 
 from headway.inference.drafter import Draft, DraftContext, Drafter
 from headway.inference.tree import Tree
@@ -35,6 +41,7 @@ class HybridDrafter(Drafter):
         self.drafters = [as_drafter(d) for d in drafters]
         self.max_extra_nodes = max_extra_nodes
         self._others = [None] * (len(self.drafters) - 1)  # the other drafters' own trees (resolve_tree)
+        self._pending = None
 
     def bind(self, target_model) -> None:
         for i, d in enumerate(self.drafters):
@@ -62,43 +69,61 @@ class HybridDrafter(Drafter):
     def reset(self) -> None:
         for d in self.drafters:
             d.reset()
+        self._pending = None  # features of rounds the primary sat out (tree="auto"), oldest first
 
     def propose(self, ctx: DraftContext) -> Draft:
-        drafts = [self.drafters[0].propose(ctx)]
+        primary, ids = self.drafters[0], list(range(len(self.drafters)))
+        features = ctx.features
+        if primary.feature_layers and self._pending is not None:
+            features = self._pending if features is None else torch.cat([self._pending, features])
+        others = []
+        start = time.perf_counter()
         for d, tree in zip(self.drafters[1:], self._others):
-            sub = dataclasses.replace(ctx, tree=tree, features=ctx.features if d.feature_layers else None)
-            drafts.append(d.propose(sub))
+            others.append(d.propose(dataclasses.replace(ctx, tree=tree, features=features if d.feature_layers else None)))
+        if ctx.gate is not None and others:  # tree="auto": the controller sees retrieval's draft first
+            retrieval = merge_drafts(others, self.max_extra_nodes, ids[1:])
+            if not ctx.gate(retrieval, time.perf_counter() - start):
+                self._pending = features if primary.feature_layers else None  # the primary reads them next time
+                return retrieval
+        self._pending = None
+        drafts = [primary.propose(dataclasses.replace(ctx, features=features if primary.feature_layers else None))]
+        drafts += others
         if any(d.q is not None for d in drafts):  # sampled candidates: one drafter's tree this round
             return next((d for d in drafts if d.tree.size > 1), drafts[0])
-        return merge_drafts(drafts, self.max_extra_nodes) if len(drafts) > 1 else drafts[0]
+        return merge_drafts(drafts, self.max_extra_nodes, ids) if len(drafts) > 1 else drafts[0]
 
 
-def merge_drafts(drafts: list[Draft], max_extra_nodes: int) -> Draft:
+def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | None = None) -> Draft:
     """One draft holding every path of ``drafts`` (deterministic, sharing the root): the first one's nodes
-    as they are, then each other's that the trie lacks, at most ``max_extra_nodes`` of them per draft."""
+    as they are, then each other's that the trie lacks, at most ``max_extra_nodes`` of them per draft.
+    ``ids`` [len(drafts)] name the drafters in ``Draft.sources`` (default 0, 1, ...): a node shared by
+    several is credited to the one that scores it highest."""
+    ids = list(range(len(drafts))) if ids is None else ids
     first = drafts[0]
     if all(d.tree.size == 1 for d in drafts[1:]):
-        return first
+        return dataclasses.replace(first, sources=[ids[0]] * first.tree.size)
     parents, tokens = list(first.tree.parents), first.tokens.tolist()
     scored = all(d.scores is not None for d in drafts)  # each node's best estimate when every drafter gives one
     scores = list(first.scores) if scored else None
+    sources = [ids[0]] * len(parents)
     child = {(parents[i], tokens[i]): i for i in range(1, len(parents))}
-    for d in drafts[1:]:
-        own, ids, added = d.tree.parents, d.tokens.tolist(), 0
+    for d, source in zip(drafts[1:], ids[1:]):
+        own, ids_, added = d.tree.parents, d.tokens.tolist(), 0
         where = [0] * len(own)  # node of d -> merged node (parents come before children); -1: left out
         for i in range(1, len(own)):
-            key = (where[own[i]], ids[i])
+            key = (where[own[i]], ids_[i])
             if key[0] < 0 or (key not in child and added >= max_extra_nodes):
                 where[i] = -1
                 continue
             if key not in child:
                 child[key] = len(parents)
                 parents.append(key[0])
-                tokens.append(ids[i])
+                tokens.append(ids_[i])
+                sources.append(source)
                 added += 1
                 if scored:
                     scores.append(0.0)
             where[i] = child[key]
-            if scored:
-                scores[where[i]] = max(scores[where[i]], d.scores[i])
-    return Draft(Tree(parents, name="hybrid"), first.tokens.new_tensor(tokens), scores=scores)
+            if scored and d.scores[i] > scores[where[i]]:
+                scores[where[i]], sources[where[i]] = d.scores[i], source
+    return Draft(Tree(parents, name="hybrid"), first.tokens.new_tensor(tokens), scores=scores, sources=sources)

@@ -50,19 +50,30 @@ class PromptLookup(Drafter):
         depth = min(depth, ctx.max_depth)
         if depth < 1:
             return root_only(ctx)
-        conts = find_continuations(ctx.tokens.cpu(), self.max_ngram_size, self.min_ngram_size, depth, matches)
-        if not conts:
+        found = find_matches(ctx.tokens.cpu(), self.max_ngram_size, self.min_ngram_size, depth, matches)
+        if not found:
             return root_only(ctx)
+        conts = [cont for cont, _ in found]
         parents, node_tokens = build_trie(conts, self.max_nodes)
         tokens = torch.tensor([int(ctx.tokens[-1])] + node_tokens, dtype=torch.long, device=ctx.tokens.device)
-        return Draft(Tree(parents, name="prompt-lookup"), tokens)
+        # a raw confidence for tree="auto" (which calibrates it against acceptance): the matched n-gram's
+        # length over the longest searched, shared by the continuation's nodes, halved per lower rank
+        weights = [n / self.max_ngram_size / (rank + 1) for rank, (_, n) in enumerate(found)]
+        return Draft(Tree(parents, name="prompt-lookup"), tokens,
+                     scores=trie_scores(conts, weights, parents, node_tokens))
 
 
 def find_continuations(tokens: torch.Tensor, max_n: int, min_n: int, depth: int, max_matches: int) -> list[list[int]]:
     """Up to ``max_matches`` distinct continuations (each <= depth tokens) of earlier occurrences
     of the context's suffix n-gram: longest n first, then best ranked (see ``PromptLookup``).  tokens: [L]."""
+    return [cont for cont, _ in find_matches(tokens, max_n, min_n, depth, max_matches)]
+
+
+def find_matches(tokens: torch.Tensor, max_n: int, min_n: int, depth: int,
+                 max_matches: int) -> list[tuple[list[int], int]]:
+    """``find_continuations`` with the length of the n-gram each continuation follows."""
     length = tokens.shape[0]
-    found: list[list[int]] = []
+    found: list[tuple[list[int], int]] = []
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         windows = tokens[:-1].unfold(0, n, 1)  # [L - n, n]: every earlier window, the suffix itself excluded
         starts = (windows == tokens[length - n:]).all(dim=1).nonzero().flatten()  # [M]
@@ -71,8 +82,8 @@ def find_continuations(tokens: torch.Tensor, max_n: int, min_n: int, depth: int,
         conts, lengths = continuations_at(tokens, starts + n, depth)
         for i in rank_continuations(conts, lengths)[:max_matches].tolist():
             cont = conts[i, :lengths[i]].tolist()
-            if cont not in found:
-                found.append(cont)
+            if all(cont != f for f, _ in found):
+                found.append((cont, n))
                 if len(found) >= max_matches:
                     return found
     return found
@@ -141,3 +152,19 @@ def build_trie(continuations: list[list[int]], max_nodes: int) -> tuple[list[int
                 child_of[(node, tok)] = nxt
             node = nxt
     return parents, tokens
+
+
+def trie_scores(continuations: list[list[int]], weights: list[float], parents: list[int],
+                tokens: list[int]) -> list[float]:
+    """Per node of ``build_trie``'s trie (parents [N], tokens [N-1]), the largest weight of the
+    continuations through it (the root's 1.0)."""
+    node_of = {(parents[i], tokens[i - 1]): i for i in range(1, len(parents))}
+    scores = [1.0] + [0.0] * (len(parents) - 1)
+    for cont, weight in zip(continuations, weights):
+        node = 0
+        for tok in cont:
+            node = node_of.get((node, tok))
+            if node is None:
+                break
+            scores[node] = max(scores[node], weight)
+    return scores

@@ -28,6 +28,13 @@ def curve(step: float, t1: float = 1.0) -> cc.CostCurve:
     return cc.CostCurve(ks, [0], [t1], [rel], [rel], {})
 
 
+@pytest.fixture(autouse=True)
+def made_up_costs_stand(monkeypatch, request):
+    """The made-up curves stand as given: the online correction (tested on its own) is off."""
+    if "online" not in request.node.name:
+        monkeypatch.setattr(cc.OnlineCost, "observe", lambda *args, **kwargs: None)
+
+
 @pytest.fixture(scope="module")
 def models():
     target = tiny_vocab_model(0)
@@ -162,3 +169,62 @@ def test_prepare_loads_the_curve_before_the_first_call(models, monkeypatch):
     gen.generate(torch.tensor([PROMPT]), max_new_tokens=4)
     assert calls == [False]  # loaded once
     assert SpeculativeGenerator(models["target"], PromptLookup()).prepare()._controller is None
+
+
+def test_online_correction_replaces_a_wrong_curve_with_the_timed_passes():
+    """The curve claims every width costs one step; generation times one-token passes at 0.5 s and
+    four-token passes at 1 s: within a few rounds t(4)/t(1) reads about 2, and a draft worth 1.6
+    tokens is no longer verified."""
+    online = cc.OnlineCost(curve(0.0))
+    assert online.rel(4, 10) == pytest.approx(1.0)
+    for _ in range(20):
+        online.observe(1, 10, True, 0.5)
+        online.observe(4, 10, False, 1.0)
+    assert online.rel(4, 10) == pytest.approx(2.0, rel=0.1) and online.plain_passes() > 4
+    auto = AutoTree(curve(0.0))
+    auto.cost = online
+    draft = Draft(Tree([-1, 0, 0, 1]), torch.tensor([9, 1, 2, 3]), scores=[1.0, 0.4, 0.1, 0.1])
+    assert auto.select(draft, 10).tree.size == 1  # 1.6 tokens for 2 steps: a plain step
+
+
+def test_the_curve_times_a_one_token_step_as_t1(models, monkeypatch):
+    """t(k) is a pass over k tokens, t(1) one token (not a one-token chain below the root: two)."""
+    import time
+
+    def fake_forward(target, cache, tree, tokens, prefix_len, **kwargs):
+        assert tokens.shape[0] == tree.size
+        time.sleep(0.003 * tree.size)  # a pass costing its width
+
+    monkeypatch.setattr(cc, "tree_forward", fake_forward)
+    measured = cc.measure(models["target"], ks=(1, 2, 4), prefixes=(8,), reps=3)
+    assert measured.rel(2, 8, True) == pytest.approx(2.0, rel=0.25)
+    assert measured.rel(4, 8, True) == pytest.approx(4.0, rel=0.25) and measured.rel(4, 8) == pytest.approx(4.0, rel=0.25)
+
+
+class FeatureReader(Drafter):
+    """A model drafter reading the target's last layer that never finds anything, checking that it is
+    shown every position's features exactly once, in order, whether or not it drafted each round."""
+
+    def __init__(self, layer: int):
+        self.feature_layers, self.calls, self.seen = [layer], 0, 0
+
+    def reset(self):
+        self.seen = 0
+
+    def propose(self, ctx):
+        self.calls += 1
+        self.seen += ctx.features.shape[0]
+        assert self.seen == ctx.tokens.shape[0] - 1, (self.seen, ctx.tokens.shape[0])
+        return Draft(Tree([-1]), ctx.tokens[-1:].clone(), scores=[1.0])
+
+
+def test_a_hybrid_model_part_that_adds_nothing_to_retrieval_sits_out_and_keeps_its_features(models):
+    target = models["target"]
+    reader = FeatureReader(target.config.num_hidden_layers)
+    gen = SpeculativeGenerator(target, [reader, PromptLookup()], tree="auto", cost_curve=curve(0.05))
+    ids = torch.tensor([PROMPT[:4] * 6])  # copy-heavy: retrieval finds the continuation
+    for _ in range(2):
+        out = gen.generate(ids, max_new_tokens=60)
+        assert torch.equal(out.sequences, reference_generate(target, ids, 60, eos_token_id=None))
+    rounds = 2 * out.stats.target_forward_passes
+    assert reader.calls < 0.6 * rounds, (reader.calls, rounds)

@@ -20,10 +20,13 @@ def test_merge_keeps_the_first_tree_and_adds_what_the_trie_lacks():
     other = draft([-1, 0, 1], [9, 8, 3])
     merged = merge_drafts([model, copied, other], max_extra_nodes=16)
     assert merged.tree.parents == [-1, 0, 1, 0, 2, 0, 5] and merged.tokens.tolist() == [9, 4, 5, 6, 7, 8, 3]
+    assert merged.sources == [0, 0, 0, 0, 1, 2, 2]  # who proposed each node (tree="auto" calibrates each apart)
     capped = merge_drafts([model, draft([-1, 0, 1, 2], [9, 8, 3, 2])], max_extra_nodes=1)
     assert capped.tokens.tolist() == [9, 4, 5, 6, 8]  # 3 and 2 hang below a node that was left out
     root = draft([-1], [9])
-    assert merge_drafts([root, root], 4).tree.size == 1 and merge_drafts([model, root], 4) is model
+    assert merge_drafts([root, root], 4).tree.size == 1
+    alone = merge_drafts([model, root], 4, ids=[3, 1])
+    assert alone.tree is model.tree and alone.sources == [3] * 4
 
 
 def test_hybrid_greedy_equals_generate_and_copies_where_the_model_misses():
