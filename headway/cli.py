@@ -227,7 +227,8 @@ def run_generate(args) -> int:
         if args.pack_linears:
             pack_linears(target)  # float32 CPU only: the verification passes' GEMMs on prepacked weights
         generator = torch.Generator(device).manual_seed(args.seed) if args.seed is not None else None
-        gen = SpeculativeGenerator(target, drafter, tree=parse_tree(args.tree)).prepare()  # auto: its cost curve
+        tree = "auto" if args.tree is None else None if args.tree == "default" else parse_tree(args.tree)
+        gen = SpeculativeGenerator(target, drafter, tree=tree).prepare()  # auto: its cost curve
         out = gen.generate(ids, max_new_tokens=args.max_new_tokens, generator=generator, eos_token_id=eos,
                            streamer=streamer, **sampling)
         new, passes, seconds = out.stats.new_tokens, out.stats.target_forward_passes, out.stats.time_total
@@ -249,11 +250,11 @@ def add_generate(sub) -> None:
     p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
                    help="with --drafter or --draft-model: merge prompt lookup's copied branch into the drafter's tree "
                         "each round (one hybrid drafter, one verification pass)")
-    p.add_argument("--tree", help="auto (each round verify the part of the drafter's tree that pays under the "
-                                  "target's measured cost curve, down to a plain step), "
-                                  "a shipped tree name (chain-4, tree-15, ...), a tree YAML file, a list of "
-                                  "top-k paths like '[[0],[0,0],[1]]', or EAGLE-2 settings like "
-                                  "'{depth: 5, top_k: 8, total_tokens: 60}' (default: the drafter's own)")
+    p.add_argument("--tree", help="auto (the default: each round verify the part of the drafter's tree that pays "
+                                  "under the target's measured cost curve, down to a plain step), default (the "
+                                  "drafter's own tree, every round), a shipped tree name (chain-4, tree-15, ...), a "
+                                  "tree YAML file, a list of top-k paths like '[[0],[0,0],[1]]', or EAGLE-2 settings "
+                                  "like '{depth: 5, top_k: 8, total_tokens: 60}'")
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--prompt", help="one user message")
     text.add_argument("--chat-file", metavar="FILE",

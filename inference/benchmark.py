@@ -119,12 +119,15 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
     if "hf-lookup" in families:
         out["hf prompt lookup (10)"] = ("hf", {"prompt_lookup_num_tokens": 10})
     if "lookup" in families:
-        out["prompt lookup chain-10"] = ("headway", SpeculativeGenerator(target, PromptLookup(num_pred_tokens=10)))
+        out["prompt lookup chain-10"] = ("headway", SpeculativeGenerator(target, PromptLookup(num_pred_tokens=10),
+                                                                         tree=None))
+        out["prompt lookup auto"] = ("headway", SpeculativeGenerator(target, PromptLookup(num_pred_tokens=10)))
         out["prompt lookup tree (4 matches)"] = ("headway", SpeculativeGenerator(
-            target, PromptLookup(num_pred_tokens=10, max_matches=4, max_nodes=24)))
+            target, PromptLookup(num_pred_tokens=10, max_matches=4, max_nodes=24), tree=None))
         # suffix decoding within each request; the cross-request cache would draft from the other prompts'
         # outputs (and from the same prompt's under --repeats), which this benchmark does not model
-        out["suffix decoding"] = ("headway", SpeculativeGenerator(target, SuffixDecoding(cross_request=False)))
+        out["suffix decoding"] = ("headway", SpeculativeGenerator(target, SuffixDecoding(cross_request=False),
+                                                                  tree=None))
         out["suffix decoding auto"] = ("headway", SpeculativeGenerator(target, SuffixDecoding(cross_request=False),
                                                                        tree="auto"))
     if "medusa" in families and heads_dir:
@@ -136,7 +139,8 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
         out.update(eagle_methods(target, folder, eagle_trees, out, lookup))
     if draft_layers and "draft-model" in families:
         out[f"draft model: first {draft_layers} layers, chain-3"] = (
-            "headway", SpeculativeGenerator(target, DraftModelDrafter(early_exit_model(target, draft_layers), gamma=3)))
+            "headway", SpeculativeGenerator(target, DraftModelDrafter(early_exit_model(target, draft_layers), gamma=3),
+                                            tree=None))
     return out
 
 

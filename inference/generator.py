@@ -86,10 +86,11 @@ class SpeculativeGenerator:
         target_model: a transformers causal LM (sdpa or eager attention), batch size 1.
         drafter: ``MedusaHeads``, a transformers causal LM sharing the target's tokenizer (the
             classic draft model), ``PromptLookup(...)``, or any ``headway.inference.Drafter``.
-        tree: None (the drafter's default), ``"auto"`` (each round verify the part of the drafter's
-            default tree that promises the most tokens per unit time under the target's measured cost
-            curve, down to a plain step: headway.inference.auto), a shipped tree name, a YAML path, a
-            list of paths of top-k ranks, or a ``Tree``.
+        tree: ``"auto"`` (the default: each round verify the part of the drafter's default tree that
+            promises the most tokens per unit time under the target's cost curve, down to a plain
+            step: headway.inference.auto), None (the drafter's default tree, every round), a shipped
+            tree name, a YAML path, a list of paths of top-k ranks, a ``Tree``, or EAGLE-2 dynamic
+            settings (a dict): any of these but "auto" forces its shape.
         cost_curve: the target's ``CostCurve`` for ``tree="auto"`` (None: measured once and cached
             under the headway cache; ``refresh_cost=True`` measures it again).
         acceptance: "exact" (lossless) or "typical" (Medusa's typical acceptance: LOSSY, opt-in;
@@ -100,7 +101,7 @@ class SpeculativeGenerator:
         typical_threshold, typical_alpha: Medusa's epsilon and delta for acceptance="typical".
     """
 
-    def __init__(self, target_model, drafter, tree=None, acceptance: str = "exact", *, pad_to: int | None = None,
+    def __init__(self, target_model, drafter, tree="auto", acceptance: str = "exact", *, pad_to: int | None = None,
                  typical_threshold: float = 0.09, typical_alpha: float = 0.3, cost_curve=None,
                  refresh_cost: bool = False):
         if acceptance not in ACCEPTANCE:

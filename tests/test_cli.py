@@ -200,9 +200,13 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == expected + "\n"
     assert stats_line(captured.err).startswith(f"tau 1.00 ({NEW_TOKENS} new tokens")
-    # the target as its own draft model: every draft is accepted (a chain of 4 plus the bonus token)
+    # the target as its own draft model, under the default tree="auto": the same text
     assert main(["generate", "--model", str(tiny_target), "--draft-model", str(tiny_target), "--prompt", PROMPT,
                  "--max-new-tokens", "20", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == greedy_text(tiny_target, 20) + "\n"
+    # with its own tree every round (--tree default): every draft is accepted (a chain of 4 plus the bonus)
+    assert main(["generate", "--model", str(tiny_target), "--draft-model", str(tiny_target), "--prompt", PROMPT,
+                 "--max-new-tokens", "20", "--device", "cpu", "--tree", "default"]) == 0
     captured = capsys.readouterr()
     assert captured.out == greedy_text(tiny_target, 20) + "\n"
     assert stats_line(captured.err).startswith("tau 5.00 (20 new tokens in 4 target passes)"), captured.err
@@ -210,7 +214,7 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
     # without prompt lookup merged into the draft model's tree (--no-lookup)
     for flag in ("--no-pack-linears", "--no-lookup"):
         assert main(["generate", "--model", str(tiny_target), "--draft-model", str(tiny_target), "--prompt", PROMPT,
-                     "--max-new-tokens", "20", "--device", "cpu", flag]) == 0
+                     "--max-new-tokens", "20", "--device", "cpu", "--tree", "default", flag]) == 0
         captured = capsys.readouterr()
         assert captured.out == greedy_text(tiny_target, 20) + "\n" and "tau 5.00" in captured.err, (flag, captured.err)
     chat.write_text('[{"role": "wizard", "content": "hi"}]')

@@ -168,7 +168,8 @@ def test_prepare_loads_the_curve_before_the_first_call(models, monkeypatch):
     assert calls == [False]
     gen.generate(torch.tensor([PROMPT]), max_new_tokens=4)
     assert calls == [False]  # loaded once
-    assert SpeculativeGenerator(models["target"], PromptLookup()).prepare()._controller is None
+    assert SpeculativeGenerator(models["target"], PromptLookup(), tree=None).prepare()._controller is None
+    assert SpeculativeGenerator(models["target"], PromptLookup()).auto  # tree="auto" is the default
 
 
 def test_online_correction_replaces_a_wrong_curve_with_the_timed_passes():

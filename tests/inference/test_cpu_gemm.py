@@ -118,7 +118,7 @@ def test_packed_target_verifies_two_and_three_rows_unpadded():
     """MKL's 2-3 row GEMMs cost more than 4 rows, so an unpacked CPU target pads those widths to 4;
     packed, 2-3 rows cost less than 4 and are not padded. The output is the same."""
     target, _ = build_tiny_target("llama", seed=5)
-    gen = SpeculativeGenerator(target, DraftModelDrafter(noisy_copy(target, seed=5), gamma=2))
+    gen = SpeculativeGenerator(target, DraftModelDrafter(noisy_copy(target, seed=5), gamma=2), tree=None)
     prompt = torch.randint(4, target.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
     plain = gen.generate(prompt, max_new_tokens=16)
     assert set(plain.stats.verify_width_per_step) - {1} == {4}  # 3 nodes (root + 2 drafts) padded to 4; 1: the last token
@@ -126,5 +126,6 @@ def test_packed_target_verifies_two_and_three_rows_unpadded():
     packed = gen.generate(prompt, max_new_tokens=16)
     assert torch.equal(packed.sequences, plain.sequences)
     assert set(packed.stats.verify_width_per_step) - {1} <= {2, 3} and 3 in packed.stats.verify_width_per_step
-    forced = SpeculativeGenerator(target, DraftModelDrafter(noisy_copy(target, seed=5), gamma=2), pad_to=4)
+    forced = SpeculativeGenerator(target, DraftModelDrafter(noisy_copy(target, seed=5), gamma=2), tree=None,
+                                  pad_to=4)
     assert set(forced.generate(prompt, max_new_tokens=16).stats.verify_width_per_step) - {1} == {4}

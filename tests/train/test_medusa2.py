@@ -118,7 +118,7 @@ def test_greedy_speculation_equals_the_tuned_target(run):
     out = run["out"]
     tuned, tok = load_target("tiny-random-llama", device="cpu", adapter=out / "adapter")
     original = load_target("tiny-random-llama", device="cpu")[0]
-    gen = SpeculativeGenerator(tuned, load_drafter(out))
+    gen = SpeculativeGenerator(tuned, load_drafter(out), tree=None)
     differs = 0
     for text in ("what is your favorite color ?", "do you like to play music with your friend ?",
                  "tell me about your school and your teacher .", "hello ! how are you today ?"):
@@ -202,7 +202,7 @@ def test_sampled_wiring_against_the_tuned_target(run, merge, monkeypatch):
     case = WiringCase(heads, check_draft=medusa_check(tuned, heads))
     prompt = _prompt(tok, "do you like to play music with your friend ?")[0].tolist()
     recorder = VerifyRecorder(monkeypatch)
-    gen = SpeculativeGenerator(tuned, heads)
+    gen = SpeculativeGenerator(tuned, heads, tree=None)
     g = torch.Generator().manual_seed(0)
     rounds = 0
     for params in SETTINGS.values():
