@@ -23,11 +23,13 @@ skip the drafter (plain steps, its features kept for it), then try it again, wai
 each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request tries it at once,
 keeping the wait it had reached). A hybrid's retrieval part drafts every round; its model drafter
 is skipped the same way whenever, with retrieval's candidates at hand, it did not add enough to
-pay for itself (``gate``). Verification is unchanged, so the output is exactly the target's.
+pay for itself (``gate``), counted apart per band of what retrieval alone promises (beside a long,
+confident copy a model drafter seldom adds anything; beside a weak one it may). Verification is unchanged, so the output is exactly the target's.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import torch
@@ -43,6 +45,7 @@ DECAY = 0.97  # weight of the past in the acceptance estimates (about the last 3
 BINS = 5  # bands of the drafter's conditional estimate a calibration cell covers
 DEPTHS = 4  # calibration cells per depth 1, 2, 3, and 4 or deeper
 CHEAP_DRAFT = 0.02  # a drafter costing under this share of a step is never skipped (retrieval)
+RETRIEVAL_BANDS = (1.2, 1.6, 2.2)  # retrieval's own tokens per step: a hybrid's model part backs off per band
 PLAIN_PASSES = 4  # one-token passes timed before t(1)'s correction is trusted; until then every
 PLAIN_EVERY = 8  # PLAIN_EVERY-th round is a plain step, while drafting pays less than
 PLAIN_BELOW = 1.5  # this many tokens per step (above it, t(1)'s error cannot turn the choice)
@@ -76,16 +79,19 @@ class AutoTree:
         self.pad_to = pad_to  # the generator's padding of verification widths
         self.cells: dict[tuple[int, int, int], list[float]] = {}  # (source, depth, band) -> [accepted, tried]
         self.drafter_backoff = Backoff()  # the whole drafter (a hybrid: its model part when nothing was retrieved)
-        self.model_backoff = Backoff()  # a hybrid's model part next to retrieved candidates
+        # a hybrid's model part next to retrieved candidates, per band of what retrieval alone promises
+        # (its tokens per step): beside a long confident copy a model drafter rarely adds anything
+        self.model_backoff = [Backoff() for _ in range(len(RETRIEVAL_BANDS) + 1)]
         self.rounds = 0
         self.rate = 1.0  # the last round's best tokens per step, drafting included
-        self._gate = None  # this round, a hybrid's: [retrieval draft, its seconds, whether the model drafted]
+        self._gate = None  # this round, a hybrid's: [retrieval draft, its rate, whether the model drafted, band]
         self._model_paid = True
         self._draft_steps = 0.0  # this round's drafting time / t(1)
 
     def reset(self) -> None:
         """A new generate call: try the drafter at once (keeping how long it waits if it still loses)."""
-        self.drafter_backoff.skip = self.model_backoff.skip = 0
+        for backoff in (self.drafter_backoff, *self.model_backoff):
+            backoff.skip = 0
 
     def should_draft(self) -> bool:
         """Whether to draft this round at all (False: a plain step)."""
@@ -95,14 +101,17 @@ class AutoTree:
             return False  # time a one-token step: t(1) as generation sees it
         return not self.drafter_backoff.take()
 
-    def gate(self, retrieval: Draft, seconds: float) -> bool:
-        """A hybrid drafter's question: with ``retrieval`` drafted, should its model drafter draft too?"""
+    def gate(self, retrieval: Draft, seconds: float, prefix_len: int) -> bool:
+        """A hybrid drafter's question: with ``retrieval`` drafted (in ``seconds``, after ``prefix_len``
+        tokens), should its model drafter draft too?"""
         if retrieval.tree.size == 1:  # nothing retrieved: the model drafter alone decides the round
-            go = not self.drafter_backoff.take()
-        else:
-            go = not self.model_backoff.take()
-        self._gate = [retrieval, seconds, go]
-        return go
+            self._gate = [retrieval, 0.0, not self.drafter_backoff.take(), None]
+            return self._gate[2]
+        t1 = self.cost.seconds(1, prefix_len)
+        rate = self._best(retrieval, prefix_len, seconds / t1)[1]  # retrieval alone, drafting included
+        band = bisect.bisect_right(RETRIEVAL_BANDS, rate)
+        self._gate = [retrieval, rate, not self.model_backoff[band].take(), band]
+        return self._gate[2]
 
     def _cell(self, draft: Draft, score: list[float] | None, node: int) -> tuple[tuple[int, int, int], float]:
         """(calibration cell, the drafter's own conditional estimate) of ``node``."""
@@ -162,8 +171,7 @@ class AutoTree:
         self._draft_steps = draft_seconds / t1
         keep, self.rate = self._best(draft, prefix_len, self._draft_steps)
         if self._gate is not None and self._gate[2] and self._gate[0].tree.size > 1:
-            retrieval, seconds, _ = self._gate  # what retrieval alone would have made of the round
-            self._model_paid = self.rate > self._best(retrieval, prefix_len, seconds / t1)[1]
+            self._model_paid = self.rate > self._gate[1]  # than what retrieval alone would have made of the round
         return prune(draft, keep)
 
     def observe(self, draft: Draft, path: list[int], prefix_len: int, drafted: bool, verify_seconds: float = 0.0,
@@ -186,7 +194,8 @@ class AutoTree:
         gate, self._gate = self._gate, None
         if gate is not None and gate[0].tree.size > 1:  # a hybrid round with retrieved candidates
             if gate[2]:
-                self.model_backoff.paid() if self._model_paid else self.model_backoff.lost()
+                backoff = self.model_backoff[gate[3]]
+                backoff.paid() if self._model_paid else backoff.lost()
         elif gate is None or gate[2]:  # the drafter (or the hybrid's model part, alone) drafted
             lost = self.rate < 1.0 and self._draft_steps > CHEAP_DRAFT
             self.drafter_backoff.lost() if lost else self.drafter_backoff.paid()

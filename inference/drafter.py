@@ -27,7 +27,7 @@ class DraftContext:
     max_depth: int  # nodes deeper than this are useless this round (max_new_tokens budget)
     sampling: SamplingParams | None  # None: greedy
     generator: torch.Generator | None  # the only source of randomness
-    # tree="auto" with a hybrid drafter: gate(retrieval draft, its seconds) says whether the model drafter
+    # tree="auto" with a hybrid drafter: gate(retrieval draft, its seconds, len(tokens)) says whether the model drafter
     # should draft too this round (headway.inference.auto.AutoTree.gate); None: always
     gate: object | None = None
 

@@ -82,7 +82,7 @@ class HybridDrafter(Drafter):
             others.append(d.propose(dataclasses.replace(ctx, tree=tree, features=features if d.feature_layers else None)))
         if ctx.gate is not None and others:  # tree="auto": the controller sees retrieval's draft first
             retrieval = merge_drafts(others, self.max_extra_nodes, ids[1:])
-            if not ctx.gate(retrieval, time.perf_counter() - start):
+            if not ctx.gate(retrieval, time.perf_counter() - start, ctx.tokens.shape[0]):
                 self._pending = features if primary.feature_layers else None  # the primary reads them next time
                 return retrieval
         self._pending = None

