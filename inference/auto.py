@@ -15,8 +15,8 @@ accepted, shrunk towards the drafter's own figure while few were tried. Keeping 
 at a cost of t(k + 1)/t(1) + t_draft/t(1) one-token steps: t(k)/t(1) the target's measured cost
 curve (``headway.inference.cost_curve``) as corrected by the passes timed during generation
 (``OnlineCost``; while drafting pays little, a few early rounds are plain steps until t(1) itself
-has been timed), t_draft
-this round's drafting time. The k with the best ratio is verified, k = 0 being a plain step.
+has been timed), t_draft this round's drafting time. The k with the best ratio is verified, k = 0
+being a plain step.
 
 When even the best k is slower than plain decoding once the drafting is paid for, the next rounds
 skip the drafter (plain steps, its features kept for it), then try it again, waiting twice as long
@@ -24,13 +24,15 @@ each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request t
 keeping the wait it had reached). A hybrid's retrieval part drafts every round; its model drafter
 is skipped the same way whenever, with retrieval's candidates at hand, it did not add enough to
 pay for itself (``gate``), counted apart per band of what retrieval alone promises (beside a long,
-confident copy a model drafter seldom adds anything; beside a weak one it may). Verification is unchanged, so the output is exactly the target's.
+confident copy a model drafter seldom adds anything; beside a weak one it may). Verification is
+unchanged, so the output is exactly the target's.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+from typing import NamedTuple
 
 import torch
 
@@ -71,6 +73,15 @@ class Backoff:
         self.wait = 1
 
 
+class GateRound(NamedTuple):
+    """What a hybrid's gate saw and decided this round."""
+
+    retrieved: bool  # retrieval proposed candidates
+    rate: float  # retrieval alone: its best tokens per step, drafting included (0.0 when nothing was retrieved)
+    drafted: bool  # the model drafter drafted too
+    band: int | None  # the RETRIEVAL_BANDS band of ``rate`` (None when nothing was retrieved)
+
+
 class AutoTree:
     """The per-round choice of ``tree="auto"``; one per generator (its estimates carry over calls)."""
 
@@ -84,8 +95,7 @@ class AutoTree:
         self.model_backoff = [Backoff() for _ in range(len(RETRIEVAL_BANDS) + 1)]
         self.rounds = 0
         self.rate = 1.0  # the last round's best tokens per step, drafting included
-        self._gate = None  # this round, a hybrid's: [retrieval draft, its rate, whether the model drafted, band]
-        self._model_paid = True
+        self._gate: GateRound | None = None  # this round's, when the drafter is a hybrid
         self._draft_steps = 0.0  # this round's drafting time / t(1)
 
     def reset(self) -> None:
@@ -105,13 +115,13 @@ class AutoTree:
         """A hybrid drafter's question: with ``retrieval`` drafted (in ``seconds``, after ``prefix_len``
         tokens), should its model drafter draft too?"""
         if retrieval.tree.size == 1:  # nothing retrieved: the model drafter alone decides the round
-            self._gate = [retrieval, 0.0, not self.drafter_backoff.take(), None]
-            return self._gate[2]
-        t1 = self.cost.seconds(1, prefix_len)
-        rate = self._best(retrieval, prefix_len, seconds / t1)[1]  # retrieval alone, drafting included
-        band = bisect.bisect_right(RETRIEVAL_BANDS, rate)
-        self._gate = [retrieval, rate, not self.model_backoff[band].take(), band]
-        return self._gate[2]
+            self._gate = GateRound(False, 0.0, not self.drafter_backoff.take(), None)
+        else:
+            t1 = self.cost.seconds(1, prefix_len)
+            rate = self._best(retrieval, prefix_len, seconds / t1)[1]  # retrieval alone, drafting included
+            band = bisect.bisect_right(RETRIEVAL_BANDS, rate)
+            self._gate = GateRound(True, rate, not self.model_backoff[band].take(), band)
+        return self._gate.drafted
 
     def _cell(self, draft: Draft, score: list[float] | None, node: int) -> tuple[tuple[int, int, int], float]:
         """(calibration cell, the drafter's own conditional estimate) of ``node``."""
@@ -170,8 +180,6 @@ class AutoTree:
         t1 = self.cost.seconds(1, prefix_len)
         self._draft_steps = draft_seconds / t1
         keep, self.rate = self._best(draft, prefix_len, self._draft_steps)
-        if self._gate is not None and self._gate[2] and self._gate[0].tree.size > 1:
-            self._model_paid = self.rate > self._gate[1]  # than what retrieval alone would have made of the round
         return prune(draft, keep)
 
     def observe(self, draft: Draft, path: list[int], prefix_len: int, drafted: bool, verify_seconds: float = 0.0,
@@ -192,11 +200,11 @@ class AutoTree:
                 stat[0] += i in on_path
                 stat[1] += 1
         gate, self._gate = self._gate, None
-        if gate is not None and gate[0].tree.size > 1:  # a hybrid round with retrieved candidates
-            if gate[2]:
-                backoff = self.model_backoff[gate[3]]
-                backoff.paid() if self._model_paid else backoff.lost()
-        elif gate is None or gate[2]:  # the drafter (or the hybrid's model part, alone) drafted
+        if gate is not None and gate.retrieved:  # a hybrid round with retrieved candidates
+            if gate.drafted:  # did the model drafter beat what retrieval alone would have made of the round?
+                backoff = self.model_backoff[gate.band]
+                backoff.paid() if self.rate > gate.rate else backoff.lost()
+        elif gate is None or gate.drafted:  # the drafter (or the hybrid's model part, alone) drafted
             lost = self.rate < 1.0 and self._draft_steps > CHEAP_DRAFT
             self.drafter_backoff.lost() if lost else self.drafter_backoff.paid()
 

@@ -140,9 +140,13 @@ class OnlineCost:
         b = self._band(width)
         return math.exp(self.log_ratio[b] / (self.weight[b] + self.PRIOR))
 
+    def measured(self, width: int, prefix_len: int, is_chain: bool = False) -> float:
+        """Seconds of one pass over ``width`` tokens after ``prefix_len``, as the curve was measured."""
+        return self.curve.seconds(prefix_len) * self.curve.rel(width, prefix_len, is_chain)
+
     def seconds(self, width: int, prefix_len: int, is_chain: bool = False) -> float:
-        """Predicted seconds of one pass over ``width`` tokens after ``prefix_len``."""
-        return self.curve.seconds(prefix_len) * self.curve.rel(width, prefix_len, is_chain) * self.factor(width)
+        """Predicted seconds of one pass over ``width`` tokens after ``prefix_len``, corrected."""
+        return self.measured(width, prefix_len, is_chain) * self.factor(width)
 
     def rel(self, width: int, prefix_len: int, is_chain: bool = False) -> float:
         return self.seconds(width, prefix_len, is_chain) / self.seconds(1, prefix_len)
@@ -152,7 +156,7 @@ class OnlineCost:
         return self.weight[0]
 
     def observe(self, width: int, prefix_len: int, is_chain: bool, seconds: float) -> None:
-        predicted = self.curve.seconds(prefix_len) * self.curve.rel(width, prefix_len, is_chain)
+        predicted = self.measured(width, prefix_len, is_chain)
         if not (seconds > 0 and predicted > 0):
             return
         b = self._band(width)

@@ -144,16 +144,17 @@ class DraftModelDrafter(Drafter):
 
     def _chain(self, ctx: DraftContext, tree: Tree, logits: torch.Tensor) -> Draft:
         length = ctx.tokens.shape[0]
-        tokens, q, scores = [ctx.tokens[-1:]], {}, [1.0]
+        tokens, q, drawn = [ctx.tokens[-1:]], {}, []
         for d in range(tree.depth):
             tok, dist = sample_children(logits[None], 1, ctx.sampling, ctx.generator)  # [1, 1], [1, V]
             tokens.append(tok[0])
-            p = dist[0] if dist is not None else logits.float().softmax(-1)
-            scores.append(scores[-1] * float(p[tok[0, 0]]))  # the chain's draft probability so far (tree="auto")
+            drawn.append((dist[0] if dist is not None else logits.float().softmax(-1))[tok[0]])  # [1], on the device
             if dist is not None:
                 q[d] = dist[0]
             if d + 1 < tree.depth:
                 logits = self.fit_vocab(chain_forward(self.model, self._cache, tok[0], length + d))
+        # the chain's draft probability so far at each node (tree="auto"); one device-to-host copy
+        scores = [1.0] + torch.cat(drawn).cumprod(0).tolist() if drawn else [1.0]
         return Draft(tree, torch.cat(tokens), q if ctx.sampling is not None else None, scores=scores)
 
     def _feed(self, length: int, device: torch.device):

@@ -108,17 +108,17 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | Non
     sources = [ids[0]] * len(parents)
     child = {(parents[i], tokens[i]): i for i in range(1, len(parents))}
     for d, source in zip(drafts[1:], ids[1:]):
-        own, ids_, added = d.tree.parents, d.tokens.tolist(), 0
+        own, toks, added = d.tree.parents, d.tokens.tolist(), 0
         where = [0] * len(own)  # node of d -> merged node (parents come before children); -1: left out
         for i in range(1, len(own)):
-            key = (where[own[i]], ids_[i])
+            key = (where[own[i]], toks[i])
             if key[0] < 0 or (key not in child and added >= max_extra_nodes):
                 where[i] = -1
                 continue
             if key not in child:
                 child[key] = len(parents)
                 parents.append(key[0])
-                tokens.append(ids_[i])
+                tokens.append(toks[i])
                 sources.append(source)
                 added += 1
                 if scored:
