@@ -49,14 +49,16 @@ SIZES = {  # prompts, new tokens per answer, Medusa epochs, EAGLE-3 epochs and d
     # chain-5 tau 1.96-2.00, 400 x 10 at 4k gives 2.09 in the same training minutes (BENCHMARKS.md)
     # the quick run self-distils ShareGPT first turns: held-out top-1 falls (ShareGPT is harder: EAGLE-3 0.335 /
     # 0.281 / 0.244 on its held-out answers, packaged 0.461 / 0.420 / 0.399) but the task groups gain (BENCHMARKS.md)
-    "quick": dict(prompts=400, max_new_tokens=96, epochs=5, eagle_epochs=10, draft_vocab=4096, bench_prompts=4,
-                  source="sharegpt"),
+    # for a run of about 20 minutes: batches sorted by prompt length (self-distillation), 7 EAGLE-3 epochs, and a
+    # benchmark of the trained drafters (auto, auto + lookup; EAGLE-3 chain-4) beside transformers' prompt lookup
+    "quick": dict(prompts=400, max_new_tokens=96, epochs=5, eagle_epochs=7, draft_vocab=4096, bench_prompts=2,
+                  copy_prompts=1, source="sharegpt"),
     # 960 answers x 6 epochs gave EAGLE-3 tree-7 tau 2.50, 2,000 x 3 gave 2.55, 2,000 x 6 gave 2.74 (BENCHMARKS.md);
     # 4 benchmark prompts put tau 0.2-0.3 below the 12 prompts' on the same drafter: the long run measures on 12
     # 2,800 answers hold ~7,500 distinct tokens (4k covers 97.2% of the held-out answer tokens, 8k 98.4%)
     # (measured on the packaged prompts; not yet rerun on ShareGPT's)
     "long": dict(prompts=2800, max_new_tokens=96, epochs=2, eagle_epochs=6, draft_vocab=8192, bench_prompts=12,
-                 source="packaged"),
+                 copy_prompts=2, source="packaged"),
 }
 GEN_BATCH = 16  # prompts answered per batch: about 1.6 s per prompt per process on the 2-core CPU (1 thread)
 
@@ -136,8 +138,9 @@ def main(argv=None) -> None:
 
     t = step("6/6 speculative generation with both vs plain greedy (output must be identical)")
     results = benchmark.main(["--heads", mcfg.train.output_dir, "--eagle", ecfg.train.output_dir,
-                              "--medusa-trees", "auto", "--eagle-trees", "chain-4,auto",
-                              "--prompts", str(size["bench_prompts"]), "--copy-prompts", "2", "--per-group", "1",
+                              "--methods", "hf-lookup,medusa,eagle", "--medusa-trees", "auto", "--eagle-trees", "chain-4,auto",
+                              "--prompts", str(size["bench_prompts"]), "--copy-prompts", str(size["copy_prompts"]),
+                              "--per-group", "1",
                               "--max-new-tokens", "64", "--draft-layers", "0",
                               "--out", str(out / "benchmark")])
     print()

@@ -152,14 +152,24 @@ def test_replies_do_not_depend_on_batch_size(gen, tiny, tmp_path):
         assert texts[0] == texts[1] == texts[2]
 
 
+def test_batches_hold_prompts_of_similar_length_and_the_file_keeps_prompt_order(gen, tiny, tmp_path):
+    prompts = ["a b c d e f g h", "a", "a b c d", "a b", "a b c d e f", "a b c"]
+    batches = gen.plan_batches(prompts + ["a"], 2)  # the duplicate is dropped
+    assert [[p for _, p in b] for b in batches] == [["a", "a b"], ["a b c", "a b c d"], ["a b c d e f", "a b c d e f g h"]]
+    out = tmp_path / "sorted.jsonl"
+    run(gen, tiny, prompts, out, batch_size=2, max_new_tokens=4)
+    assert [r["messages"][0]["content"] for r in read(out)] == prompts
+
+
 def test_ranks_split_batches_and_rank0_merges_in_prompt_order(gen, tiny, tmp_path):
     one = tmp_path / "one.jsonl"
     run(gen, tiny, PROMPTS, one, batch_size=3, temperature=1.0)
     two = tmp_path / "two.jsonl"
-    # rank 1 answers batches 1 and 3 (prompts 3-5 and 9) into its own part file and merges nothing
+    # rank 1 answers batches 1 and 3 (of the prompts sorted by length) into its own part file and merges nothing
+    batches = gen.plan_batches(PROMPTS, 3)
     assert run(gen, tiny, PROMPTS, two, batch_size=3, temperature=1.0, state=fake_rank(1, 2)) == 4
     part = gen.part_path(two, 1)
-    assert [r["id"] for r in read(part)] == [gen.prompt_id(PROMPTS[i]) for i in (3, 4, 5, 9)]
+    assert [r["id"] for r in read(part)] == [pid for b in (1, 3) for pid, _ in batches[b]]
     assert not two.exists()
     # rank 0 answers batches 0 and 2, then merges both parts
     assert run(gen, tiny, PROMPTS, two, batch_size=3, temperature=1.0, state=fake_rank(0, 2)) == 6
