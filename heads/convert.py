@@ -106,13 +106,18 @@ def load_any(path, fmt: str | None = None, *, target=None, vocab_size: int | Non
 
 
 def export_any(drafter: Drafter, out, to: str, *, overwrite: bool = False, target=None,
-               speculative_tokens: int = 3, target_name_or_path: str | None = None, widen_vocab: bool = False) -> Path:
+               speculative_tokens: int = 3, target_name_or_path: str | None = None, widen_vocab: bool = False,
+               with_embeddings: bool = False, allow_official_misread: bool = False) -> Path:
     """Write ``drafter`` into the folder ``out`` in the format ``to``; returns the folder.
 
     ``target`` supplies the lm_head that Medusa layouts store or compare against (see the module
     docstring). ``speculative_tokens`` and ``target_name_or_path`` go to the speculators config.
     ``widen_vocab``: write an EAGLE-1 head with a reduced draft vocabulary in the ``eagle`` layout,
     which has none, so that it proposes from the whole vocabulary (otherwise that is refused).
+    ``with_embeddings``: copy the target's input embedding into an ``sglang`` export (``target`` is
+    needed), for the official EAGLE-3 runtime with a target saved as one file.
+    ``allow_official_misread``: write Medusa heads of several ResBlocks as ``medusa-v0.1`` although
+    the official Medusa code computes them wrongly (see ``export_medusa``).
     A non-empty ``out`` is replaced only with ``overwrite=True``.
     """
     _check_format(to, "target format")
@@ -128,15 +133,22 @@ def export_any(drafter: Drafter, out, to: str, *, overwrite: bool = False, targe
     if to == "headway":
         return _save_headway(drafter, out, overwrite)
     if kind is MedusaHeads:
-        return export_medusa(drafter, out, to, target_lm_head=_lm_head(model), overwrite=overwrite)
+        return export_medusa(drafter, out, to, target_lm_head=_lm_head(model), overwrite=overwrite,
+                             allow_official_misread=allow_official_misread)
     if to == "eagle" and drafter.d2t is not None and not widen_vocab:
         raise ValueError(f"the 'eagle' layout has no reduced draft vocabulary but this EAGLE-1 head scores "
                          f"{drafter.config.draft_vocab_size} of {drafter.config.vocab_size} tokens; keep it in "
                          "'headway', or pass widen_vocab=True (--widen-vocab) to score the whole vocabulary")
     if target_name_or_path is None and isinstance(target, (str, os.PathLike)):
         target_name_or_path = str(target)
+    embeddings = None
+    if with_embeddings:
+        if model is None:
+            raise ValueError("with_embeddings copies the target's input embedding into the export: name the target "
+                             "(target=..., --target MODEL)")
+        embeddings = model.get_input_embeddings().weight
     return export_eagle(drafter, out, to, target_name_or_path=target_name_or_path,
-                        speculative_tokens=speculative_tokens, overwrite=overwrite)
+                        speculative_tokens=speculative_tokens, overwrite=overwrite, embeddings=embeddings)
 
 
 def convert(src, out, to: str, *, fmt_from: str | None = None, overwrite: bool = False, target=None,
@@ -144,12 +156,14 @@ def convert(src, out, to: str, *, fmt_from: str | None = None, overwrite: bool =
     """Read the drafter folder ``src`` (in ``fmt_from``, detected when None) and write it into ``out``
     in the format ``to``; returns ``out``. ``kwargs`` are :func:`load_any`'s (``vocab_size``,
     ``num_target_layers``, ``base_model_name_or_path``, ``feature_layers``) and :func:`export_any`'s
-    (``speculative_tokens``, ``target_name_or_path``, ``widen_vocab``)."""
+    (``speculative_tokens``, ``target_name_or_path``, ``widen_vocab``, ``with_embeddings``,
+    ``allow_official_misread``)."""
     _check_format(to, "target format")
     if fmt_from is not None:
         _check_format(fmt_from, "source format")
     load_keys = {"vocab_size", "num_target_layers", "base_model_name_or_path", "feature_layers"}
-    export_keys = {"speculative_tokens", "target_name_or_path", "widen_vocab"}
+    export_keys = {"speculative_tokens", "target_name_or_path", "widen_vocab", "with_embeddings",
+                   "allow_official_misread"}
     unknown = sorted(set(kwargs) - load_keys - export_keys)
     if unknown:
         raise ValueError(f"convert got unknown option(s) {unknown}; known: {sorted(load_keys | export_keys)}")

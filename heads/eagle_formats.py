@@ -111,7 +111,8 @@ def _warn_inexact_layers(layers: list[int], depth: int, fmt: str) -> None:
 # --- export ----------------------------------------------------------------------------------
 
 def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str | None = None,
-                 speculative_tokens: int = 3, overwrite: bool = False) -> Path:
+                 speculative_tokens: int = 3, overwrite: bool = False,
+                 embeddings: torch.Tensor | None = None) -> Path:
     """Write ``head`` into ``out_dir`` in the layout ``fmt`` ("eagle", "sglang" or "speculators").
 
     - "eagle" (EAGLE-1 heads): the official EAGLE-1/2 layout. It has no reduced draft vocabulary: the
@@ -127,6 +128,18 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
       there); no ``embed_tokens`` (the engines reuse the target's; a stored copy is dropped).
       "sglang" always writes ``d2t``/``t2d`` (identity for a full vocabulary); "speculators" only for a
       reduced one, as the speculators package does.
+    - "sglang" is also what the official EAGLE-3 runtime (SafeAILab/EAGLE) reads. It loads the target's
+      embedding only when config.json has no ``target_hidden_size`` (and reads it from the target's
+      sharded ``model.safetensors.index.json``), else keeps a random one, silently. So that key is not
+      written (SGLang and vLLM read its absence as ``hidden_size``). ``embeddings`` ([V, H], the
+      target's input embedding) writes ``embed_tokens.weight`` as well, together with
+      ``target_hidden_size`` so that the official runtime takes the stored copy instead of reading the
+      target's files (which it cannot for a target saved as one file); SGLang and vLLM load the copy
+      or reuse the target's, the same values.
+
+    The official EAGLE runtimes' config takes ``rope_scaling`` only as ``{type: linear|dynamic,
+    factor}`` and computes the head size as hidden / heads; a head outside that is exported with a
+    warning (SGLang and vLLM read it).
 
     ``target_name_or_path`` (default: the head's ``base_model_name_or_path``) names the verifier in
     the speculators config; when it is a local model folder its ``architectures`` are copied too.
@@ -146,8 +159,16 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
     if speculative_tokens < 1:
         raise ValueError(f"speculative_tokens must be >= 1, got {speculative_tokens}")
     head.check_draft_vocab()
+    _warn_official_config(cfg, fmt)
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
     dtype = state["fc.weight"].dtype
+    if embeddings is not None:
+        if fmt != "sglang":
+            raise ValueError(f"embeddings are written only into the 'sglang' layout, not {fmt!r} (the 'eagle' layout "
+                             "stores a head's own, with store_embeddings=True)")
+        if tuple(embeddings.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise ValueError(f"the target's embedding is {list(embeddings.shape)} but the head needs "
+                             f"[{cfg.vocab_size}, {cfg.hidden_size}] (vocabulary x hidden size): is it this head's target?")
     meta = {"num_target_layers": cfg.num_target_layers, "base_model_name_or_path": cfg.base_model_name_or_path}
     if fmt == "eagle":
         if cfg.feature_layers != [cfg.num_target_layers]:
@@ -185,8 +206,11 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
         tensors["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
     vllm_ids = to_engine_layer_ids(layers, "vllm")
     if fmt == "sglang":
+        stored = {"target_hidden_size": cfg.hidden_size} if embeddings is not None else {}
+        if embeddings is not None:
+            tensors["embed_tokens.weight"] = embeddings.detach().to("cpu", dtype).contiguous()
         config = {"architectures": [EAGLE3_ARCHITECTURE], **_llama_fields(cfg, dtype),
-                  "draft_vocab_size": draft_vocab, "target_hidden_size": cfg.hidden_size,
+                  "draft_vocab_size": draft_vocab, **stored,
                   "norm_before_residual": False,
                   "eagle_aux_hidden_state_layer_ids": vllm_ids,  # vLLM reads this one (its numbering)
                   "eagle_config": {"use_aux_hidden_state": True,  # SGLang reads this one (its numbering)
@@ -218,6 +242,23 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
         "headway": meta,
     }
     return write_folder(out_dir, config, tensors, overwrite)
+
+
+def _warn_official_config(cfg: EagleConfig, fmt: str) -> None:
+    """One line when the official EAGLE runtime (which reads the 'eagle' and 'sglang' layouts) cannot
+    represent the head's attention: its config accepts ``rope_scaling`` only as {type: linear|dynamic,
+    factor}, and it takes the head size as hidden / heads."""
+    if fmt not in ("eagle", "sglang"):
+        return
+    rope = dict(cfg.rope_scaling or {})
+    if rope and not (set(rope) == {"type", "factor"} and rope["type"] in ("linear", "dynamic")):
+        warnings.warn(f"the official EAGLE runtime refuses this head's rope_scaling {rope} (its config takes only "
+                      f"{{'type': 'linear' or 'dynamic', 'factor': f}}); SGLang and vLLM read this {fmt!r} export",
+                      UserWarning, stacklevel=3)
+    if cfg.head_dim is not None and cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
+        warnings.warn(f"the official EAGLE runtime computes the head size as hidden_size / num_attention_heads = "
+                      f"{cfg.hidden_size // cfg.num_attention_heads}, not this head's head_dim {cfg.head_dim}; SGLang "
+                      f"and vLLM read this {fmt!r} export", UserWarning, stacklevel=3)
 
 
 def _llama_fields(cfg: EagleConfig, dtype: torch.dtype) -> dict:

@@ -83,13 +83,18 @@ def _check_format(fmt: str | None) -> None:
 # --- export ----------------------------------------------------------------------------------
 
 def export_medusa(heads: MedusaHeads, out_dir, fmt: str, *, target_lm_head: torch.Tensor | None = None,
-                  overwrite: bool = False) -> Path:
+                  overwrite: bool = False, allow_official_misread: bool = False) -> Path:
     """Write ``heads`` into ``out_dir`` in the layout ``fmt`` (see the module docstring); returns the folder.
 
     ``target_lm_head`` ([V, H], the target's output projection) is copied in where the layout stores
     projections that the heads share with the target, and compared against where the layout can only
     use the target's (``medusa-v2`` from heads with their own). A non-empty ``out_dir`` is replaced
     only with ``overwrite=True``.
+
+    ``medusa-v0.1`` is read by the official code as one ResBlock object repeated per head
+    (``[ResBlock(H)] * medusa_num_layers``), so after loading every block computes with the last
+    block's weights. Heads whose blocks differ are refused unless ``allow_official_misread``
+    (headway and vLLM read them correctly; the official code will not).
     """
     _check_format(fmt)
     if not isinstance(heads, MedusaHeads):
@@ -104,6 +109,12 @@ def export_medusa(heads: MedusaHeads, out_dir, fmt: str, *, target_lm_head: torc
     if fmt == "medusa-v2":
         return _export_v2(heads, state, lm_head, out_dir, overwrite)
     if fmt == "medusa-v0.1":
+        if _distinct_blocks(heads) and not allow_official_misread:
+            raise ValueError(f"these heads have {cfg.num_layers} ResBlocks each, but the official Medusa code reads "
+                             f"'medusa-v0.1' with one ResBlock object repeated per head (every block gets the last "
+                             f"block's weights, so its outputs would be wrong); export them as 'vllm-medusa' or "
+                             f"'headway', or pass allow_official_misread=True (--allow-official-misread) to write "
+                             f"them anyway for readers that keep the blocks apart")
         source = {**state, **_projections(heads, state, lm_head, fmt)}
         tensors = {name: source[key] for key, (name, _) in _layout(dataclasses.replace(cfg, share_lm_head=False),
                                                                     fmt).items()}
@@ -125,6 +136,16 @@ def export_medusa(heads: MedusaHeads, out_dir, fmt: str, *, target_lm_head: torc
     config["torch_dtype"] = str(_float_dtype(state)).removeprefix("torch.")
     config["headway"] = {"base_model_name_or_path": cfg.base_model_name_or_path}  # vLLM ignores it
     return _write(out_dir, config, tensors, WEIGHTS_NAME, overwrite)
+
+
+def _distinct_blocks(heads: MedusaHeads) -> bool:
+    """Whether a head's ResBlocks differ (what the official code's repeated ResBlock cannot hold; heads it
+    wrote itself carry one block's weights under every block's name)."""
+    for blocks in heads.blocks:
+        last = blocks[-1].state_dict() if len(blocks) > 1 else {}
+        if any(not torch.equal(block.state_dict()[k], v) for block in blocks[:-1] for k, v in last.items()):
+            return True
+    return False
 
 
 def _export_v2(heads: MedusaHeads, state, lm_head, out_dir, overwrite: bool) -> Path:

@@ -305,7 +305,8 @@ def run_convert(args) -> int:
     options = {k: getattr(args, k) for k in ("vocab_size", "num_target_layers", "speculative_tokens")
                if getattr(args, k) is not None}
     out = convert.convert(args.src, args.dst, to=args.to, fmt_from=args.fmt_from, overwrite=args.overwrite,
-                          target=args.target, widen_vocab=args.widen_vocab, **options)
+                          target=args.target, widen_vocab=args.widen_vocab, with_embeddings=args.with_embeddings,
+                          allow_official_misread=args.allow_official_misread, **options)
     print(f"wrote {out} ({args.to})")
     return 0
 
@@ -347,6 +348,12 @@ def add_others(sub) -> None:
     p.add_argument("--speculative-tokens", type=int, help="draft tokens per step written into a speculators config")
     p.add_argument("--widen-vocab", action="store_true",
                    help="EAGLE-1 with a reduced draft vocabulary to a full-vocabulary format: widen its rows")
+    p.add_argument("--with-embeddings", action="store_true",
+                   help="sglang: copy the target's embedding (needs --target) into the export, for the official "
+                        "EAGLE-3 runtime when the target is saved as one file")
+    p.add_argument("--allow-official-misread", action="store_true",
+                   help="medusa-v0.1: write heads of several ResBlocks although the official Medusa code computes "
+                        "every block with the last one's weights (wrong outputs there)")
     p.add_argument("--overwrite", action="store_true", help="replace dst if it exists")
     p.set_defaults(run=run_convert)
 

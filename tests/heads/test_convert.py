@@ -75,7 +75,7 @@ def _one_line(err):
 # --- round trips: headway -> FORMAT -> headway ------------------------------------------------------
 
 MEDUSA_CASES = {
-    "v0.1": ("medusa-v0.1", {"num_layers": 2}),
+    "v0.1": ("medusa-v0.1", {}),
     "v2": ("medusa-v2", {"share_lm_head": True}),
     "vllm": ("vllm-medusa", {"num_layers": 2}),
     "vllm-no-blocks": ("vllm-medusa", {"num_layers": 0}),
@@ -182,7 +182,7 @@ def test_medusa_v01_layout(tiny_llama, tmp_path):
     target, _ = tiny_llama
     heads = _medusa(target, num_layers=2)
     heads.config.base_model_name_or_path = "org/target"
-    out = convert(_save(heads, tmp_path / "src"), tmp_path / "v01", "medusa-v0.1")
+    out = convert(_save(heads, tmp_path / "src"), tmp_path / "v01", "medusa-v0.1", allow_official_misread=True)
     assert _files(out) == ["config.json", "medusa_lm_head.pt"]
     config = json.loads((out / "config.json").read_text())
     assert config == {"medusa_num_heads": 3, "medusa_num_layers": 2, "base_model_name_or_path": "org/target"}
@@ -196,6 +196,47 @@ def test_medusa_v01_layout(tiny_llama, tmp_path):
     assert {k: tuple(v.shape) for k, v in tensors.items()} == expected
     assert torch.equal(tensors["1.1.linear.weight"], heads.blocks[1][1].linear.weight)
     assert torch.equal(tensors["2.2.weight"], heads.lm_heads[2].weight)
+
+
+def _official_medusa_logits(folder, x):
+    """[heads, ..., V] logits of a medusa-v0.1 folder as FasterDecoding/Medusa computes them (FORMATS.md):
+    each head is ``nn.Sequential(*([ResBlock(H)] * medusa_num_layers), nn.Linear(H, V, bias=False))``, one
+    ResBlock object repeated, loaded from medusa_lm_head.pt with ``strict=False``."""
+    class ResBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(H, H)
+
+        def forward(self, h):
+            return h + nn.functional.silu(self.linear(h))
+
+    config = json.loads((folder / "config.json").read_text())
+    heads = nn.ModuleList([nn.Sequential(*([ResBlock()] * config["medusa_num_layers"]), nn.Linear(H, V, bias=False))
+                           for _ in range(config["medusa_num_heads"])])
+    heads.load_state_dict(torch.load(folder / "medusa_lm_head.pt", weights_only=True), strict=False)
+    with torch.no_grad():
+        return torch.stack([head(x) for head in heads])
+
+
+def test_medusa_v01_is_refused_where_the_official_code_would_compute_it_wrongly(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    x = torch.randn(2, 5, H, generator=torch.Generator().manual_seed(3))
+    one = _medusa(target)
+    out = convert(_save(one, tmp_path / "one"), tmp_path / "v01-one", "medusa-v0.1")
+    with torch.no_grad():
+        expected = torch.stack([one.lm_heads[k](one.blocks[k](x)) for k in range(3)])
+    assert torch.allclose(_official_medusa_logits(out, x), expected, atol=1e-6)
+    deep = _save(_medusa(target, num_layers=2), tmp_path / "deep")
+    with pytest.raises(ValueError, match=r"2 ResBlocks each, but the official Medusa code .* one ResBlock object "
+                                         r"repeated .*\(--allow-official-misread\)") as err:
+        convert(deep, tmp_path / "v01-deep", "medusa-v0.1")
+    _one_line(err)
+    assert not (tmp_path / "v01-deep").exists()
+    out = convert(deep, tmp_path / "v01-deep", "medusa-v0.1", allow_official_misread=True)  # what the flag writes:
+    heads = load_any(out)  # headway (and vLLM) read the blocks apart,
+    with torch.no_grad():
+        expected = torch.stack([heads.lm_heads[k](heads.blocks[k](x)) for k in range(3)])
+    assert not torch.allclose(_official_medusa_logits(out, x), expected, atol=1e-3)  # the official code does not
 
 
 def test_medusa_v2_layout_scores_with_the_base_lm_head(tiny_llama, tmp_path):

@@ -94,12 +94,56 @@ def test_sglang_layout(tiny_llama, tmp_path):
     assert tensors["d2t"].dtype == torch.int64 and tensors["d2t"].shape == (v,) and not tensors["d2t"].any()
     assert tensors["t2d"].dtype == torch.bool and tensors["t2d"].shape == (v,) and tensors["t2d"].all()
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
-    assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == v and config["target_hidden_size"] == h
+    assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == v
+    assert "target_hidden_size" not in config  # its presence keeps the official EAGLE-3 runtime's embedding random
     assert config["tie_word_embeddings"] is False and config["norm_before_residual"] is False
     # headway [0, 1, 2] = inputs of layers 0, 1 and the final output: vLLM ids as is, SGLang ids one lower
     assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
     assert config["eagle_config"] == {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [-1, 0, 1]}
     assert "embed_tokens.weight" not in tensors and "bias" not in config
+
+
+def _official_eagle3_embedding(folder, target):
+    """The embedding SafeAILab/EAGLE's EAGLE-3 ``Model`` drafts with, by its loading rule (FORMATS.md):
+    the target's when config.json has no ``target_hidden_size`` (load_emb), then the checkpoint's
+    ``embed_tokens.weight`` if it has one (``load_state_dict(strict=False)``), else its random
+    initialisation (None here)."""
+    config, tensors = _files(folder)
+    embedding = None if "target_hidden_size" in config else target.get_input_embeddings().weight
+    return tensors.get("embed_tokens.weight", embedding)
+
+
+def test_sglang_exports_give_the_official_eagle3_runtime_the_targets_embedding(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    head = _head(target, 3)
+    emb = target.get_input_embeddings().weight.detach()
+    plain = _export(head, tmp_path / "plain", "sglang")
+    assert torch.equal(_official_eagle3_embedding(plain, target), emb)
+    # with the embedding stored the official runtime reads no file of the target (one it cannot read when the
+    # target is saved unsharded): target_hidden_size stays and the stored copy is loaded
+    stored = _export(head, tmp_path / "stored", "sglang", embeddings=emb)
+    assert _files(stored)[0]["target_hidden_size"] == target.config.hidden_size
+    assert torch.equal(_official_eagle3_embedding(stored, target), emb)
+    assert torch.equal(_step(import_eagle(stored), target), _step(head, target))
+    with pytest.raises(ValueError, match=r"embedding is \[5, 64\] but the head needs \[218, 64\].*this head's target"):
+        export_eagle(head, tmp_path / "bad", "sglang", embeddings=torch.zeros(5, 64))
+    with pytest.raises(ValueError, match="only into the 'sglang' layout, not 'speculators'"):
+        export_eagle(head, tmp_path / "bad", "speculators", embeddings=emb)
+
+
+def test_attention_the_official_eagle_config_cannot_hold_is_exported_with_a_warning(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    for kw, match in (({"rope_scaling": llama3}, r"official EAGLE runtime refuses this head's rope_scaling"),
+                      ({"head_dim": 32}, r"head size as hidden_size / num_attention_heads = 16, not .* head_dim 32")):
+        head = _head(target, 1, **kw)
+        with pytest.warns(UserWarning, match=match):
+            out = export_eagle(head, tmp_path / str(len(match)), "eagle")
+        assert torch.equal(_step(import_eagle(out, num_target_layers=2), target), _step(head, target))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        export_eagle(_head(target, 1, rope_scaling={"type": "linear", "factor": 2.0}), tmp_path / "linear", "eagle")
 
 
 def test_speculators_layout(tiny_llama, tmp_path):
