@@ -226,10 +226,10 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
     def _save_pretrained(self, save_directory: Path) -> None:
         """The weights file: every tensor copied out on its own storage (a DeepSpeed-trained module's
         parameters may be views into one flat buffer, which safetensors refuses to save)."""
-        from safetensors.torch import save_file
+        from headway.heads.files import save_safetensors
 
         state = {k: v.detach().cpu().clone().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(Path(save_directory) / WEIGHTS_NAME), metadata={"format": "pt"})
+        save_safetensors(state, Path(save_directory) / WEIGHTS_NAME, metadata={"format": "pt"})
 
     def push_to_hub(self, repo_id: str, *, private: bool = False, token: str | None = None,
                     revision: str | None = None, commit_message: str = "Upload headway drafter",

@@ -58,6 +58,7 @@ from safetensors.torch import save_file
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_json, read_weights
 from headway.heads.eagle import EagleConfig, EagleHead
 from headway.heads.features import check_feature_layers
+from headway.heads.files import share, temporary_folder
 
 __all__ = ["FORMATS", "SPECULATORS_VERSION", "detect_eagle_format", "export_eagle", "from_engine_layer_ids",
            "import_eagle", "to_engine_layer_ids"]
@@ -304,14 +305,12 @@ def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwr
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"{out} is not empty; choose another folder or pass overwrite=True to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    tmp = temporary_folder(out, f".{out.name}.export-")
     old = None
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the engines may run as another user
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        share(tmp)  # mkdtemp and safetensors make them private; the engines may run as another user
         if out.is_dir() and any(out.iterdir()):
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old)  # onto an empty folder: allowed

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from headway.heads.files import share
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -56,6 +58,7 @@ def default_model_dir() -> Path:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        share(tmp)
         if out.exists():  # another process finished first
             shutil.rmtree(tmp)
         else:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from headway.heads.files import share
+
 SPECIALS = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -96,5 +98,6 @@ def tiny_model_dir(name: str, cache_dir: Path) -> Path:
         while not (out / "config.json").is_file() and time.monotonic() < deadline:
             time.sleep(0.05)
     else:
+        share(tmp)
         os.replace(tmp, out)
     return out

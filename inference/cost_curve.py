@@ -213,7 +213,7 @@ def load_cost_curve(target, refresh: bool = False, path: Path | None = None) -> 
     """The target's cost curve from the headway cache (or ``path``), measured and saved when absent,
     when ``refresh``, or when the saved one was measured for another target, device, dtype, thread
     count or packing (a warning says so; such a curve is never used)."""
-    from headway.train.checkpoint import atomic_write_text
+    from headway.heads.files import atomic_write_text
 
     path = Path(path) if path is not None else cache_path(target)
     want = fingerprint(target)

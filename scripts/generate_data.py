@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from headway.train.checkpoint import atomic_write_text
+from headway.heads.files import atomic_write_text
 from headway.train.data import default_data_path, load_conversations, training_prompts
 from headway.train.launch import launch_state, main_process_first, my_units, rank_and_world, wait_for_everyone
 

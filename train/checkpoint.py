@@ -12,28 +12,15 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from headway.heads.files import share
+
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder: readers see the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def checkpoint_dirs(root: Path) -> list[Path]:
@@ -89,6 +76,7 @@ def save_checkpoint(root: Path, step: int, *, model_state: dict[str, torch.Tenso
     barrier()
     if is_main:
         (tmp / "state.json").write_text(json.dumps(loop_state, indent=2))  # written last: marks completeness
+        share(tmp)  # safetensors writes 0600 files: a team sharing the run folder reads them too
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from headway.heads.target import headway_cache_dir
-from headway.train.checkpoint import atomic_write_text
+from headway.heads.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -34,17 +34,15 @@ import collections
 import hashlib
 import json
 import operator
-import os
 from collections.abc import Iterator, KeysView, ItemsView, ValuesView
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from headway.heads.features import capture_features, check_feature_layers, num_layers
-from headway.train.checkpoint import atomic_write_text
+from headway.heads.files import atomic_write_text, save_safetensors
 from headway.train.launch import my_units, rank_and_world, wait_for_everyone
 
 INDEX_NAME = "index.json"
@@ -179,12 +177,6 @@ def _fingerprint_diff(stored: dict, expected: dict) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------------------------
-
-
-def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
 
 
 def _shard_name(s: int) -> str:
@@ -323,7 +315,7 @@ def cache_features(target, examples, out_dir: str | Path, *, layers: list[int] |
         }
         if with_argmax:
             tensors["argmax"] = torch.cat([tops[i] for i in range(len(part))])
-        _atomic_save(tensors, path, metadata={"format": str(CACHE_FORMAT), "layers": ",".join(map(str, layers)),
+        save_safetensors(tensors, path, metadata={"format": str(CACHE_FORMAT), "layers": ",".join(map(str, layers)),
                                               "dtype": settings["dtype"]})
     bytes_per_token = len(layers) * hidden_size * torch.empty((), dtype=dtype).element_size()
     wait_for_everyone(state)  # every shard is written

@@ -22,6 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
 from tqdm.auto import tqdm
 
+from headway.heads.files import atomic_write_text
 from headway.train import checkpoint as ckpt
 from headway.train import fsdp as fsdp_mod
 from headway.train import run_dir
@@ -562,4 +563,4 @@ def _truncate_metrics(path: Path, step: int, is_main: bool) -> None:
                 keep.append(line)
         except json.JSONDecodeError:  # a line cut short by a kill
             continue
-    ckpt.atomic_write_text(path, "".join(line + "\n" for line in keep) if step else "")
+    atomic_write_text(path, "".join(line + "\n" for line in keep) if step else "")

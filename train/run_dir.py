@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from headway.heads.card import RUN_CONFIG_NAME
+from headway.heads.files import atomic_write_text
 from headway.train import checkpoint as ckpt
 
 # Fields that may differ when a run is resumed (they do not change what is trained).
@@ -83,7 +84,7 @@ def claimed(out: Path, run_config: dict, *, overwrite: bool, resume: bool, is_ma
         if overwrite and out.is_dir():
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
-        ckpt.atomic_write_text(saved, json.dumps(run_config, indent=2, default=str))
+        atomic_write_text(saved, json.dumps(run_config, indent=2, default=str))
     try:
         yield out
     except Exception:

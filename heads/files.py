@@ -1,0 +1,70 @@
+"""Writing files atomically and readable by others.
+
+Readers see the old file or the new one, never half of one: each write goes to a temporary name in
+the same folder and is moved onto its own. Every file and folder ends with the umask's usual mode
+(0644 / 0755 under umask 022), not the 0600 / 0700 that temporary files and folders are created
+with; safetensors itself writes through such a file. A cluster team shares output folders, and a
+serving engine may run as another user.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def share(path) -> None:
+    """Give ``path`` (a file, or a folder and everything under it) the umask's usual mode."""
+    mask = _umask()
+    path = Path(path)
+    paths = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for p in paths:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
+@contextmanager
+def atomic_file(path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write; when the block ends without an error, the file is
+    shared (see :func:`share`) and moved onto ``path``; otherwise it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        share(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def save_safetensors(tensors: dict, path, metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` to ``path`` atomically, readable by others."""
+    with atomic_file(path) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+
+
+def temporary_folder(beside, prefix: str) -> Path:
+    """A new empty folder next to ``beside`` (to fill, :func:`share` and move into place)."""
+    beside = Path(beside)
+    beside.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=beside.parent))
