@@ -279,6 +279,18 @@ class EagleHead(DraftVocabulary, Drafter):
             self.d2t = self.t2d = None
         self._bound = ()  # (embedding [V, H], lm_head rows [V', H] for EAGLE-1): the target's, not saved
 
+    def _apply(self, fn, recurse=True):
+        """Module casts and moves (``.to``, ``.half()``, ``.float()``), with RoPE's inverse frequencies
+        kept in float32 as transformers computes them: a bf16 cast would round them for good (a bf16
+        checkpoint loads through one), and every later position's angle with them."""
+        rope = self.rotary_emb
+        exact = rope.inv_freq.detach().clone() if rope.inv_freq.dtype == torch.float32 else None
+        super()._apply(fn, recurse)
+        if exact is not None and rope.inv_freq.dtype != torch.float32:
+            rope.inv_freq = exact.to(rope.inv_freq.device)
+            rope.original_inv_freq = exact.clone().to(rope.inv_freq.device)
+        return self
+
     # --- construction ----------------------------------------------------------------------
 
     @classmethod

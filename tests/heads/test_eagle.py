@@ -103,6 +103,19 @@ def test_rope_stays_fp32_when_bound_to_a_half_precision_target(version):
 
 
 @pytest.mark.parametrize("version", [1, 3])
+def test_a_bf16_checkpoint_keeps_exact_rope_frequencies(target, version, tmp_path):
+    """Loading a bf16 drafter casts the module to bf16; RoPE's inverse frequencies stay the float32
+    ones (rounded to bf16 and back they would move every position's angle)."""
+    exact = make_head(target, version).rotary_emb.inv_freq.clone()
+    make_head(target, version).to(torch.bfloat16).save_pretrained(tmp_path)
+    loaded = load_drafter(tmp_path)
+    assert loaded.fc.weight.dtype == torch.bfloat16
+    for head in (loaded, loaded.float(), loaded.half()):
+        assert head.rotary_emb.inv_freq.dtype == torch.float32 and torch.equal(head.rotary_emb.inv_freq, exact)
+        assert torch.equal(head.rotary_emb.original_inv_freq, exact)
+
+
+@pytest.mark.parametrize("version", [1, 3])
 def test_cached_steps_equal_one_causal_pass(target, version):
     head = make_head(target, version)
     ids = torch.randint(4, 200, (1, 12))
