@@ -32,7 +32,7 @@ from headway.heads import MedusaHeads
 from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
 from headway.train.loop import TrainConfig, fsdp_requested, run_training, zero_stage
-from headway.train.losses import head_weights, medusa_loss
+from headway.train.losses import DEFAULT_CHUNK_SIZE, head_weights, medusa_loss
 from headway.train.medusa import LossConfig, MedusaRunConfig
 
 ADAPTER_DIR = "adapter"  # peft's own layout: adapter_config.json + adapter_model.safetensors
@@ -174,11 +174,12 @@ class Medusa2TrainingModule(torch.nn.Module):
     ``head0/heads_only`` (1 during the first stage).
     """
 
-    def __init__(self, heads: MedusaHeads, tuned, weights: list[float]):
+    def __init__(self, heads: MedusaHeads, tuned, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE):
         super().__init__()
         self.heads = heads
         self.tuned = tuned  # peft model: only its LoRA weights (and a lm_head copy) require grad
         self.weights = weights
+        self.chunk_size = chunk_size  # rows per chunk of the heads' fused loss (loss.chunk_size)
         self.lam = 0.0  # set per optimizer step by Medusa2Method.set_step
         self.heads_only = False
         self.register_buffer("t2d", heads.target_to_draft(), persistent=False)
@@ -189,7 +190,8 @@ class Medusa2TrainingModule(torch.nn.Module):
         heads_only = self.heads_only and self.training
         with torch.no_grad() if heads_only else contextlib.nullcontext():
             hidden = final_hidden(model, ids, attn)  # [B, T, H], adapters on
-        head_loss, counts = medusa_loss(self.heads, hidden.float(), ids, mask, self.weights, self.t2d)
+        head_loss, counts = medusa_loss(self.heads, hidden.float(), ids, mask, self.weights, self.t2d,
+                                        chunk_size=self.chunk_size)
         n0 = counts["head0/count"].float()
         if heads_only:  # adapters untouched: tuned == original here, the KL would be 0
             counts.update({"head0/kl_sum": n0 * 0, "head0/lambda_sum": n0 * 0, "head0/heads_only_sum": n0})
@@ -213,7 +215,7 @@ class Medusa2Method:
 
     def __init__(self, heads: MedusaHeads, tuned, weights: list[float], loss: Medusa2LossConfig,
                  tokenizer=None, merge: bool = False, base_model: str | None = None):
-        self.model = Medusa2TrainingModule(heads, tuned, weights)
+        self.model = Medusa2TrainingModule(heads, tuned, weights, chunk_size=loss.chunk_size)
         self.loss, self.tokenizer, self.merge = loss, tokenizer, merge
         if base_model:  # as the run names it (a Hub id, folder or alias), not a resolved cache path
             for config in tuned.peft_config.values():

@@ -213,3 +213,12 @@ def test_sampled_wiring_against_the_tuned_target(run, merge, monkeypatch):
             check_wiring(tuned, case, gen.tree, prompt, params, 10, calls, res)
             rounds += len(calls)
     assert rounds >= 8
+
+
+def test_the_heads_loss_is_chunked_as_loss_chunk_size_says(tmp_path, monkeypatch):
+    seen = set()
+    loss = m2.medusa_loss
+    monkeypatch.setattr(m2, "medusa_loss", lambda *a, **kw: seen.add(kw.get("chunk_size")) or loss(*a, **kw))
+    m2.train(tiny_cfg(tmp_path / "out", "loss.chunk_size=3", "train.max_steps=1", "train.eval_every=0",
+                      "train.trackers=[]"))
+    assert seen == {3}
