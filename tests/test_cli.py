@@ -246,3 +246,33 @@ def test_readme_commands_parse_as_typed():
             bench_parser().parse_args(argv[1:])
         else:
             build_parser().parse_args(argv)
+
+
+def test_convert_for_the_official_readers_in_process(tiny_target, tmp_path, capsys):
+    """--with-embeddings stores the target's embedding in an sglang export; medusa-v0.1 refuses heads whose
+    ResBlocks differ unless --allow-official-misread."""
+    import warnings
+
+    from headway.cli import main
+    from headway.heads import EagleHead, MedusaHeads
+    from headway.heads.target import load_target
+
+    target, _ = load_target(str(tiny_target))
+    EagleHead.from_target(target, version=3).save_pretrained(tmp_path / "eagle3")
+    heads = MedusaHeads.from_target(target, num_heads=2, num_layers=2)
+    with torch.no_grad():
+        for p in heads.blocks.parameters():
+            p.normal_(0, 0.02)
+    heads.save_pretrained(tmp_path / "medusa")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny target's layers have no exact engine counterpart
+        assert main(["convert", "--to", "sglang", str(tmp_path / "eagle3"), str(tmp_path / "s"), "--with-embeddings"]) == 2
+        assert "name the target (target=..., --target MODEL)" in capsys.readouterr().err
+        assert main(["convert", "--to", "sglang", str(tmp_path / "eagle3"), str(tmp_path / "s"), "--with-embeddings",
+                     "--target", str(tiny_target)]) == 0
+    assert torch.equal(load_file(str(tmp_path / "s" / "model.safetensors"))["embed_tokens.weight"],
+                       target.get_input_embeddings().weight)
+    assert main(["convert", "--to", "medusa-v0.1", str(tmp_path / "medusa"), str(tmp_path / "v01")]) == 2
+    assert "--allow-official-misread" in capsys.readouterr().err and not (tmp_path / "v01").exists()
+    assert main(["convert", "--to", "medusa-v0.1", str(tmp_path / "medusa"), str(tmp_path / "v01"),
+                 "--allow-official-misread"]) == 0
