@@ -103,7 +103,9 @@ def sample_children(logits: torch.Tensor, k: int, sampling: SamplingParams | Non
 
 
 def as_drafter(obj) -> Drafter:
-    """Wrap what the user passed: a Drafter, ``MedusaHeads``, or a transformers causal LM (draft model)."""
+    """Wrap what the user passed: a Drafter (prompt lookup, suffix decoding, ...), ``MedusaHeads``, an
+    ``EagleHead`` (EAGLE-1 or EAGLE-3), a transformers causal LM (a draft model), or a list of these
+    (one hybrid drafter, verified in one pass)."""
     if isinstance(obj, Drafter):
         return obj
     if isinstance(obj, (list, tuple)):  # several drafters, one verification pass

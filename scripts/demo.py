@@ -35,6 +35,7 @@ import cache_features  # noqa: E402
 import generate_data  # noqa: E402
 
 from headway.heads.target import DEFAULT_MODEL, default_model_dir, headway_cache_dir  # noqa: E402
+from headway.train.sharegpt import PROMPT_MAX_CHARS  # noqa: E402
 from headway.train.config import load_config  # noqa: E402
 from headway.train.eagle import EagleRunConfig  # noqa: E402
 from headway.train.eagle import train as train_eagle  # noqa: E402
@@ -49,8 +50,10 @@ SIZES = {  # prompts, new tokens per answer, Medusa epochs, EAGLE-3 epochs and d
     # chain-5 tau 1.96-2.00, 400 x 10 at 4k gives 2.09 in the same training minutes (BENCHMARKS.md)
     # the quick run self-distils ShareGPT first turns: held-out top-1 falls (ShareGPT is harder: EAGLE-3 0.335 /
     # 0.281 / 0.244 on its held-out answers, packaged 0.461 / 0.420 / 0.399) but the task groups gain (BENCHMARKS.md)
-    # for a run of about 20 minutes: batches sorted by prompt length (self-distillation), 7 EAGLE-3 epochs, and a
-    # benchmark of the trained drafters (auto, auto + lookup; EAGLE-3 chain-4) beside transformers' prompt lookup
+    # for a run of about 20 minutes: first turns of at most 1,000 characters, batches sorted by prompt length
+    # (self-distillation 743 s -> 498 s at 2,000 characters), 7 EAGLE-3 epochs (10 gave top-1 0.335 / 0.281 / 0.244
+    # in 580 s, 7 gave 0.319 / 0.267 / 0.226 in 417 s), and a benchmark of the trained drafters (auto, auto + lookup)
+    # beside transformers' prompt lookup, one prompt per group
     "quick": dict(prompts=400, max_new_tokens=96, epochs=5, eagle_epochs=7, draft_vocab=4096, bench_prompts=2,
                   copy_prompts=1, source="sharegpt"),
     # 960 answers x 6 epochs gave EAGLE-3 tree-7 tau 2.50, 2,000 x 3 gave 2.55, 2,000 x 6 gave 2.74 (BENCHMARKS.md);
@@ -89,7 +92,8 @@ def main(argv=None) -> None:
     cores = torch.get_num_threads()  # torch's default: the physical cores
     torch.set_num_threads(1)  # generation and the benchmark: 1 thread is fastest for one sequence on a small CPU
     out = Path(args.out) / ("long" if args.long else "quick")
-    name = "sharegpt" if size["source"] == "sharegpt" else "selfdistill"  # (the packaged prompts' file keeps its name)
+    # the packaged prompts' file keeps its name; ShareGPT's names the longest first turn it holds
+    name = f"sharegpt{PROMPT_MAX_CHARS}" if size["source"] == "sharegpt" else "selfdistill"
     data = headway_cache_dir() / "data" / f"{DEFAULT_MODEL}-{name}-{size['prompts']}x{size['max_new_tokens']}.jsonl"
     common = [f"data.source={data}"]
     train_threads = f"train.num_threads={cores}"  # training's wide products use every core (1.6x with 2 here)
@@ -138,7 +142,7 @@ def main(argv=None) -> None:
 
     t = step("6/6 speculative generation with both vs plain greedy (output must be identical)")
     results = benchmark.main(["--heads", mcfg.train.output_dir, "--eagle", ecfg.train.output_dir,
-                              "--methods", "hf-lookup,medusa,eagle", "--medusa-trees", "auto", "--eagle-trees", "chain-4,auto",
+                              "--methods", "hf-lookup,medusa,eagle", "--medusa-trees", "auto", "--eagle-trees", "auto",
                               "--prompts", str(size["bench_prompts"]), "--copy-prompts", str(size["copy_prompts"]),
                               "--per-group", "1",
                               "--max-new-tokens", "64", "--draft-layers", "0",
@@ -151,10 +155,10 @@ def main(argv=None) -> None:
             continue
         best = max(names, key=lambda n: results["chat"][n]["speedup"])
         s = results["chat"][best]
-        print(f"{label} on held-out chat prompts, best tree {best.split()[-1]}: tau {s['tau']:.2f} new tokens per "
+        print(f"{label} on held-out chat prompts, best method {best.split(maxsplit=1)[1]}: tau {s['tau']:.2f} new tokens per "
               f"target pass, {s['speedup']:.2f}x plain greedy ({'identical output' if s['identical'] else 'OUTPUT DIFFERS'})")
         best = max(names, key=lambda n: mean[n]["speedup"])
-        print(f"{label} over the {len(results)} task groups, best tree {best.split()[-1]}: {mean[best]['speedup']:.2f}x "
+        print(f"{label} over the {len(results)} task groups, best method {best.split(maxsplit=1)[1]}: {mean[best]['speedup']:.2f}x "
               f"plain greedy on average (per group: "
               f"{', '.join(f'{g} {x:.2f}x' for g, x in mean[best]['group_speedup'].items())})")
     print(f"({time.perf_counter() - t:.0f} s)\ntotal {time.perf_counter() - t_all:.0f} s")

@@ -1,4 +1,4 @@
-"""The one training loop every method shares (Medusa-1 now; Medusa-2 and EAGLE plug in the same way).
+"""The one training loop every method shares (Medusa-1, Medusa-2, EAGLE-1 and EAGLE-3 plug in the same way).
 
 A method supplies the trainable drafter, a loss over a padded batch (returning per-head counts),
 and an export. The loop owns everything else: accelerate (DDP on CPU/gloo or GPUs, mixed
