@@ -48,7 +48,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -207,9 +206,10 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
         tensors["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
     vllm_ids = to_engine_layer_ids(layers, "vllm")
     if fmt == "sglang":
-        stored = {"target_hidden_size": cfg.hidden_size} if embeddings is not None else {}
+        stored = {}
         if embeddings is not None:
             tensors["embed_tokens.weight"] = embeddings.detach().to("cpu", dtype).contiguous()
+            stored = {"target_hidden_size": cfg.hidden_size}
         config = {"architectures": [EAGLE3_ARCHITECTURE], **_llama_fields(cfg, dtype),
                   "draft_vocab_size": draft_vocab, **stored,
                   "norm_before_residual": False,
@@ -256,7 +256,7 @@ def _warn_official_config(cfg: EagleConfig, fmt: str) -> None:
         warnings.warn(f"the official EAGLE runtime refuses this head's rope_scaling {rope} (its config takes only "
                       f"{{'type': 'linear' or 'dynamic', 'factor': f}}); SGLang and vLLM read this {fmt!r} export",
                       UserWarning, stacklevel=3)
-    if cfg.head_dim is not None and cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
+    if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
         warnings.warn(f"the official EAGLE runtime computes the head size as hidden_size / num_attention_heads = "
                       f"{cfg.hidden_size // cfg.num_attention_heads}, not this head's head_dim {cfg.head_dim}; SGLang "
                       f"and vLLM read this {fmt!r} export", UserWarning, stacklevel=3)
@@ -312,7 +312,7 @@ def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwr
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         share(tmp)  # mkdtemp and safetensors make them private; the engines may run as another user
         if out.is_dir() and any(out.iterdir()):
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            old = temporary_folder(out, f".{out.name}.old-")
             os.replace(out, old)  # onto an empty folder: allowed
         try:
             os.replace(tmp, out)

@@ -11,12 +11,11 @@ import importlib.util
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from headway.heads.files import share
+from headway.heads.files import share, temporary_folder
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ def default_model_dir() -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    tmp = temporary_folder(out, ".convert-")
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

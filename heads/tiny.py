@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from headway.heads.files import share
+from headway.heads.files import share, temporary_folder
 
 SPECIALS = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
@@ -88,7 +87,7 @@ def tiny_model_dir(name: str, cache_dir: Path) -> Path:
         return out
     model, tokenizer = build_tiny_target(TINY_MODELS[name])
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
+    tmp = temporary_folder(out, ".tiny-")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if out.exists() or not (tmp / "config.json").is_file():

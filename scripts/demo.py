@@ -35,12 +35,12 @@ import cache_features  # noqa: E402
 import generate_data  # noqa: E402
 
 from headway.heads.target import DEFAULT_MODEL, default_model_dir, headway_cache_dir  # noqa: E402
-from headway.train.sharegpt import PROMPT_MAX_CHARS  # noqa: E402
 from headway.train.config import load_config  # noqa: E402
 from headway.train.eagle import EagleRunConfig  # noqa: E402
 from headway.train.eagle import train as train_eagle  # noqa: E402
 from headway.train.medusa import MedusaRunConfig  # noqa: E402
 from headway.train.medusa import train as train_medusa  # noqa: E402
+from headway.train.sharegpt import PROMPT_MAX_CHARS  # noqa: E402
 
 CONFIG = ROOT / "configs" / "medusa" / "smollm2-135m.yaml"
 EAGLE_CONFIG = ROOT / "configs" / "eagle" / "eagle3-smollm2-135m.yaml"
@@ -50,7 +50,7 @@ SIZES = {  # prompts, new tokens per answer, Medusa epochs, EAGLE-3 epochs and d
     # chain-5 tau 1.96-2.00, 400 x 10 at 4k gives 2.09 in the same training minutes (BENCHMARKS.md)
     # the quick run self-distils ShareGPT first turns: held-out top-1 falls (ShareGPT is harder: EAGLE-3 0.335 /
     # 0.281 / 0.244 on its held-out answers, packaged 0.461 / 0.420 / 0.399) but the task groups gain (BENCHMARKS.md)
-    # for a run of about 20 minutes: first turns of at most 1,000 characters, batches sorted by prompt length
+    # for a run of about 25 minutes (1,393 s measured, model and cost curve cached): first turns of at most 1,000 characters, batches sorted by prompt length
     # (self-distillation 743 s -> 498 s at 2,000 characters), 7 EAGLE-3 epochs (10 gave top-1 0.335 / 0.281 / 0.244
     # in 580 s, 7 gave 0.319 / 0.267 / 0.226 in 417 s), and a benchmark of the trained drafters (auto, auto + lookup)
     # beside transformers' prompt lookup, one prompt per group

@@ -213,7 +213,7 @@ def _official_medusa_logits(folder, x):
     config = json.loads((folder / "config.json").read_text())
     heads = nn.ModuleList([nn.Sequential(*([ResBlock()] * config["medusa_num_layers"]), nn.Linear(H, V, bias=False))
                            for _ in range(config["medusa_num_heads"])])
-    heads.load_state_dict(torch.load(folder / "medusa_lm_head.pt", weights_only=True), strict=False)
+    heads.load_state_dict(read_medusa_pt(folder / "medusa_lm_head.pt"), strict=False)
     with torch.no_grad():
         return torch.stack([head(x) for head in heads])
 
