@@ -84,7 +84,7 @@ def run_train(args) -> int:
 
     argv = ["--config", str(resolve_config(args.config, args.method))] if args.config else []
     argv += ["--model", args.model] * bool(args.model) + ["--data", args.data] * bool(args.data)
-    module.main([*argv, *args.overrides])  # its own errors already end with `error: ...` and exit 2
+    module.main([*argv, *args.overrides], exit_process=True)  # its own errors already end with `error: ...` and exit 2
     return 0
 
 

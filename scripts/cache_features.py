@@ -32,7 +32,7 @@ from headway.heads.target import DEFAULT_MODEL, load_target
 from headway.train.config import ConfigError, _coerce, apply_overrides, from_dict, read_yaml
 from headway.train.data import DataConfig, build_datasets
 from headway.train.features import cache_features, feature_fingerprint
-from headway.train.launch import launch_state, main_process_first, my_units, rank_and_world
+from headway.train.launch import end_process, launch_state, main_process_first, my_units, rank_and_world
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -132,3 +132,4 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+    end_process()  # one rank of several: ends here, without the exit-time teardown

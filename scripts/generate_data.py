@@ -33,7 +33,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from headway.heads.files import atomic_write_text
 from headway.train.data import default_data_path, load_conversations, training_prompts
-from headway.train.launch import launch_state, main_process_first, my_units, rank_and_world, wait_for_everyone
+from headway.train.launch import end_process, launch_state, main_process_first, my_units, rank_and_world, wait_for_everyone
 
 logger = logging.getLogger(__name__)
 
@@ -325,4 +325,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if not status:
+        end_process()  # one rank of several: ends here, without the exit-time teardown
+    sys.exit(status)

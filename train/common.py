@@ -23,6 +23,7 @@ from headway.train.config import ConfigError, load_config, to_dict
 from headway.train.data import DataConfig, build_datasets, frequent_tokens, resolve_source
 from headway.train.features import feature_fingerprint, load_cached_features, read_cache_index
 from headway.train.run_dir import RESUMABLE_DIFFS, check_output_dir
+from headway.train.launch import end_process
 from headway.train.loop import TrainConfig, make_accelerator
 
 
@@ -143,23 +144,31 @@ def check_run(cfg) -> None:
                              "pass the output folder of a Medusa-1 run")
 
 
-def run_main(train: Callable, parse: Callable, argv: list[str] | None = None):
+def run_main(train: Callable, parse: Callable, argv: list[str] | None = None, exit_process: bool = False):
     """Command line: bad input ends with a one-line ``error: ...`` and exit status 2. The run is
-    checked (``check_run``) before anything loads or is written."""
+    checked (``check_run``) before anything loads or is written.
+
+    ``exit_process`` (a process's own entry point: the script, ``python -m``, ``headway train``):
+    one rank of a finished several-process run ends here (``launch.end_process``) and never returns."""
     try:
         cfg = parse(argv)
         check_run(cfg)
-        return train(cfg)
+        result = train(cfg)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    finally:
         close_process_group()
+        sys.exit(2)
+    except BaseException:
+        close_process_group()
+        raise
+    if exit_process:
+        end_process()  # one rank of several: never returns
+    close_process_group()
+    return result
 
 
 def close_process_group() -> None:
-    """Tear the process group down before the interpreter exits: left to exit-time destructors, a gloo
-    rank has been seen to abort ("terminate called without an active exception") after a finished run."""
+    """Tear the process group down (one process, or a run that failed)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

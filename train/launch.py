@@ -9,7 +9,9 @@ None and one process does everything, through the same code.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -61,3 +63,24 @@ def main_process_first(state):
     """Context in which rank 0 runs first and the others after it (e.g. to build a model folder
     once: transformers' ``save_pretrained`` writes on global rank 0 only)."""
     return contextlib.nullcontext() if state is None else state.main_process_first()
+
+
+def end_process() -> None:
+    """End one rank of a finished several-process run with status 0, once every rank has passed a
+    last barrier and its output is flushed, without the interpreter's teardown; nothing for a single
+    process. For a process's own entry point only (a script's ``__main__``, ``headway train``).
+
+    Why: ``destroy_process_group`` does not free the gloo process group while DDP's reducer or
+    accelerate's state still holds it, so its C++ side was torn down by exit-time destructors while
+    the peer ranks exited, and a rank now and then aborted after a finished run (SIGABRT, "terminate
+    called without an active exception"; seen in CI on the two-machine loopback run, also with the
+    group destroyed). ``os._exit`` runs no destructor, and after the barrier no collective is in flight."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    dist.barrier()  # every rank has written its files and finished its last collective
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

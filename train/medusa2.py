@@ -286,10 +286,11 @@ def train(cfg: Medusa2RunConfig) -> dict:
     return metrics
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Command line: bad input ends with a one-line ``error: ...`` and exit status 2."""
-    return run_main(train, parse_args, argv)
+def main(argv: list[str] | None = None, exit_process: bool = False) -> dict:
+    """Command line: bad input ends with a one-line ``error: ...`` and exit status 2 (``exit_process``:
+    see ``run_main``)."""
+    return run_main(train, parse_args, argv, exit_process)
 
 
 if __name__ == "__main__":
-    main()
+    main(exit_process=True)
