@@ -1,0 +1,67 @@
+"""Folders an earlier headway exported still load and compute the same (tests/fixtures/compat).
+
+Each fixture is a drafter saved by the version ``expected.json`` names (see make_fixtures.py there);
+it must load through the public loaders, give the same raw outputs on the stored inputs, and make
+the same drafts: the same tokens accepted by every verification pass, and the same greedy tokens,
+which are also the target's own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from headway.heads import EagleHead, MedusaHeads, load_drafter
+from headway.heads.tiny import build_tiny_target
+from headway.inference import SpeculativeGenerator
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "compat").glob("v*"))
+CLASSES = {"medusa": MedusaHeads, "eagle1": EagleHead, "eagle3": EagleHead}
+
+
+@pytest.fixture(scope="module", params=FIXTURES, ids=[f.name for f in FIXTURES])
+def release(request):
+    folder = request.param
+    record = json.loads((folder / "expected.json").read_text())
+    spec = record["target"]
+    target, _ = build_tiny_target(spec["family"], seed=spec["seed"])
+    return folder, record, load_file(str(folder / "expected.safetensors")), target.to(getattr(torch, spec["dtype"]))
+
+
+def test_every_drafter_kind_has_a_fixture(release):
+    assert FIXTURES, "no compatibility fixtures found"
+    assert set(release[1]["drafters"]) == set(CLASSES)
+
+
+@torch.no_grad()
+def raw_outputs(name: str, drafter, stored: dict[str, torch.Tensor]) -> torch.Tensor:
+    if name == "medusa":
+        return drafter(stored["input.hidden"])  # [heads, 1, 5, V]
+    feats = stored["input.hidden3"] if name == "eagle3" else stored["input.hidden"]
+    positions = torch.arange(feats.shape[1])[None]
+    return drafter.logits(drafter(stored["input.tokens"], drafter.input_hidden(feats), positions))  # [1, 5, V']
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_an_earlier_export_loads_and_computes_the_same(release, name):
+    folder, record, stored, target = release
+    drafter = load_drafter(folder / name)
+    assert type(drafter) is CLASSES[name]
+    assert type(CLASSES[name].from_pretrained(folder / name)) is CLASSES[name]
+    drafter = drafter.to(target.dtype).bind_target(target)
+    raw = raw_outputs(name, drafter, stored)
+    assert raw.shape == stored[name].shape
+    torch.testing.assert_close(raw, stored[name], rtol=1e-9, atol=1e-9)
+
+    gen = SpeculativeGenerator(target, drafter, tree=record["tree"])
+    for prompt, run in zip(record["prompts"], record["drafters"][name]["generations"]):
+        ids = torch.tensor([prompt])
+        out = gen.generate(ids, max_new_tokens=record["new_tokens"])
+        assert out.stats.accepted_per_step == run["accepted_per_step"], f"{name}: the drafts changed"
+        assert out.sequences[0].tolist() == run["sequence"]
+        plain = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                max_new_tokens=record["new_tokens"])
+        assert out.sequences[0].tolist() == plain[0].tolist()
