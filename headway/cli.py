@@ -277,7 +277,7 @@ def add_generate(sub) -> None:
 
 
 def run_bench(args) -> int:
-    bench = need("headway.inference.benchmark", "headway bench")
+    bench = need("headway.bench.benchmark", "headway bench")
     bench.main(args.args, parser_class=functools.partial(Parser, prog="headway bench"))  # one-line usage errors too
     return 0
 

@@ -228,7 +228,7 @@ def test_readme_commands_parse_as_typed():
     import shlex
 
     from headway.cli import build_parser
-    from headway.inference.benchmark import build_parser as bench_parser
+    from headway.bench.benchmark import build_parser as bench_parser
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     lines, fenced = [], False

@@ -16,23 +16,7 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A config file or override that does not fit the dataclass."""
-
-
-TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
-
-
-def parse_bool(value: Any, key: str) -> bool:
-    """A YAML/CLI/JSON flag: a bool, 0 or 1, or true/false/1/0/yes/no in any case; else a ConfigError naming ``key``."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
-        return value.strip().lower() in TRUE
-    raise ConfigError(f"{key}: expected true/false, got {value!r}")
+from headway.heads.values import ConfigError, parse_bool
 
 
 def _field_types(cls) -> dict[str, Any]:

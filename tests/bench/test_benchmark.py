@@ -2,7 +2,8 @@
 
 import pytest
 
-from headway.inference import bench_prompts, benchmark
+from headway.bench import benchmark
+from headway.bench import prompts as bench_prompts
 
 
 def test_parser_defaults_are_relative_to_the_current_directory():

@@ -1,6 +1,6 @@
 """Side-by-side speed of speculative decoding on the default target (SmolLM2-135M-Instruct).
 
-    headway bench | python scripts/benchmark.py | python -m headway.inference.benchmark
+    headway bench | python scripts/benchmark.py | python -m headway.bench.benchmark
         [--heads outputs/demo/quick/heads] [--eagle outputs/demo/quick/eagle3 ...]
         [--methods hf-lookup,lookup,medusa,eagle,draft-model] [--groups chat,multi-turn,code,...]
         [--per-group 3] [--prompts 6] [--copy-prompts 4] [--prompts-file question.jsonl]
@@ -11,7 +11,7 @@ transformers' own prompt lookup (``prompt_lookup_num_tokens``), and headway with
 drafter and tree (prompt lookup chain/tree, suffix decoding, trained Medusa heads if ``--heads`` exists, trained
 EAGLE-1/EAGLE-3 drafters given with ``--eagle`` over static trees and EAGLE-2 dynamic trees of the
 same widths, and an early-exit draft model made of the target's first layers); ``--methods`` picks
-families. Prompts come in task groups (``headway.inference.task_prompts``): held-out chat prompts
+families. Prompts come in task groups (``headway.bench.task_prompts``): held-out chat prompts
 from the packaged text (never used for training), multi-turn ShareGPT conversations from its
 held-out window, HumanEval code, summarization and retrieval-augmented answering over Python's own
 documentation (500-1,500 tokens), translation, math word problems, and copy-heavy prompts (edit or
@@ -44,10 +44,10 @@ import torch
 from headway.heads import load_drafter
 from headway.heads.base import read_config_file, resolve_folder
 from headway.heads.target import DEFAULT_MODEL, load_target
-from headway.inference.bench_prompts import chat_prompts
+from headway.bench.prompts import chat_prompts
 from headway.inference.cost_curve import sync as sync_device
 from headway.inference.inputs import context_length
-from headway.inference.task_prompts import GROUPS, prompts_file, task_prompts
+from headway.bench.task_prompts import GROUPS, prompts_file, task_prompts
 from headway.inference.cpu_gemm import pack_linears
 from headway.inference.draft_model import DraftModelDrafter
 from headway.inference.generator import SpeculativeGenerator
@@ -335,7 +335,7 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--methods", default=",".join(FAMILIES),
                    help=f"method families to run next to plain greedy, of {list(FAMILIES)}")
     p.add_argument("--groups", default=",".join(GROUPS),
-                   help=f"task groups to run, of {list(GROUPS)} (headway.inference.task_prompts); the overall figure is "
+                   help=f"task groups to run, of {list(GROUPS)} (headway.bench.task_prompts); the overall figure is "
                         "the mean of their speedups")
     p.add_argument("--per-group", type=int, default=3, help="prompts per task group other than chat and copy")
     p.add_argument("--prompts", type=int, default=6, help="held-out chat prompts (the chat group)")

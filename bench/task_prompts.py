@@ -9,7 +9,7 @@ Every group is built from text that ships in installed packages, or written here
     rag         other pydoc topics as context, with a question answered from it
     translate   packaged human-written passages to translate into French, Spanish or German
     math        grade-school word problems written here, numbers drawn from a seed
-    copy        copy-heavy prompts (edit, rename, correct spelling, repeat: bench_prompts.copy_prompts)
+    copy        copy-heavy prompts (edit, rename, correct spelling, repeat: prompts.copy_prompts)
 
 A prompt is a list of chat messages (``[{role, content}, ...]``); ``prompts_file`` reads MT-bench's
 ``question.jsonl`` layout or ShareGPT/OpenAI records and groups them by ``category``.
@@ -41,7 +41,7 @@ def task_prompts(group: str, n: int) -> list[list[dict]]:
     if n <= 0:
         return []
     if group in ("chat", "copy"):
-        from headway.inference.bench_prompts import chat_prompts, copy_prompts
+        from headway.bench.prompts import chat_prompts, copy_prompts
 
         return [user(p) for p in (chat_prompts(n) if group == "chat" else copy_prompts(n))]
     return {"multi-turn": multi_turn, "code": code, "summarize": summarize, "rag": rag, "translate": translate,
@@ -110,7 +110,7 @@ def rag(n: int) -> list[list[dict]]:
 
 def translate(n: int) -> list[list[dict]]:
     """Packaged human-written passages to translate, into French, Spanish and German in turn."""
-    from headway.inference.bench_prompts import _spread, passages
+    from headway.bench.prompts import _spread, passages
 
     texts = _spread(passages(25, 60), 3 * n)[2::3]  # other passages than the copy prompts take
     return [user(f"Translate this text into {LANGUAGES[i % len(LANGUAGES)]}:\n\n{t}") for i, t in enumerate(texts[:n])]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from headway.inference import task_prompts as tp
+from headway.bench import task_prompts as tp
 
 
 def test_every_group_gives_chat_prompts_of_its_task():
@@ -54,7 +54,7 @@ def test_prompts_file_reads_mt_bench_and_chat_records_by_category(tmp_path):
 
 
 def test_bench_reports_each_group_and_the_mean_of_their_speedups(tmp_path, capsys):
-    from headway.inference import benchmark
+    from headway.bench import benchmark
 
     mt = tmp_path / "question.jsonl"
     mt.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) + "\n" for i, (c, t) in enumerate(
