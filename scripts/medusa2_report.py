@@ -24,8 +24,8 @@ import torch
 from headway.heads import load_drafter
 from headway.heads.target import load_target
 from headway.inference import SpeculativeGenerator
-from headway.inference.bench_prompts import chat_prompts
-from headway.inference.benchmark import run_one
+from headway.bench.prompts import chat_prompts
+from headway.bench.benchmark import run_one
 from headway.train.config import from_dict
 from headway.train.data import DataConfig, build_datasets
 from headway.train.features import last_hidden_state, pad_batch
