@@ -18,21 +18,20 @@ from huggingface_hub import ModelCard, PyTorchModelHubMixin, snapshot_download
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from headway.heads.registry import DrafterKind, drafter_class, kinds, register_kind
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-_DRAFTERS: dict[str, type] = {}
 
 
 def register_drafter(cls):
-    """Class decorator: make a drafter loadable by the ``drafter_type`` in its config.json."""
-    _DRAFTERS[cls.config_class.drafter_type_name] = cls
+    """Class decorator: make a drafter loadable by the ``drafter_type`` in its config.json (a minimal
+    registry entry; ``headway.heads.registry.register_kind`` also names its proposer, training and
+    formats)."""
+    if not any(k.head_class is cls for k in kinds()):
+        name = cls.config_class.drafter_type_name
+        register_kind(DrafterKind(name=name, title=cls.__name__, drafter_type=name, head_class=cls))
     return cls
-
-
-def drafter_class(drafter_type: str):
-    if drafter_type not in _DRAFTERS:
-        raise ValueError(f"unknown drafter_type {drafter_type!r}; known: {sorted(_DRAFTERS)}")
-    return _DRAFTERS[drafter_type]
 
 
 @dataclasses.dataclass

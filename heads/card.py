@@ -13,6 +13,7 @@ optional). Nothing here touches the network.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import Any
 
 from huggingface_hub import ModelCardData, try_to_load_from_cache
 from huggingface_hub.repocard import metadata_load
+
+from headway.heads.registry import kind_of_config, resolve
 
 EVAL_METRICS_NAME = "eval_metrics.json"
 RUN_CONFIG_NAME = "run_config.json"
@@ -53,9 +56,9 @@ def model_card_text(config: dict, metrics: dict | None = None, *, run: dict | No
     """The card from a drafter's ``config.json`` dict, its held-out ``metrics``, its training
     ``run`` config and a ``benchmark`` record; ``source``: the folder or repo id to load from."""
     target = config.get("base_model_name_or_path") or (run or {}).get("model")
-    kind = drafter_kind(config)
+    kind = kind_of_config(config)
     lines = ["---", metadata_yaml(config, target, run), "---", "",
-             f"# {_TITLES.get(kind, kind)} drafter for {target or 'its target'}", "",
+             f"# {kind.title if kind else 'Unknown'} drafter for {target or 'its target'}", "",
              "A speculative-decoding drafter trained with [headway](https://pypi.org/project/headway/). It proposes "
              "tokens that the target verifies, so generation is lossless: the output is exactly the target's.", ""]
     if adapter:
@@ -83,12 +86,9 @@ def metadata_yaml(config: dict, target: str | None, run: dict | None) -> str:
 
 
 def drafter_kind(config: dict) -> str:
-    """"medusa", "eagle" (EAGLE-1/2) or "eagle3"."""
-    kind = config.get("drafter_type", "drafter")
-    return "eagle3" if kind == "eagle" and config.get("version") == 3 else kind
-
-
-_TITLES = {"medusa": "Medusa", "eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}
+    """The registered kind's name ("medusa", "eagle" for EAGLE-1/2, "eagle3", ...); else the drafter_type."""
+    kind = kind_of_config(config)
+    return kind.name if kind else config.get("drafter_type", "drafter")
 
 
 def hub_id_of(name: str | None) -> str | None:
@@ -215,47 +215,64 @@ def _usage_section(target: str | None, source: str) -> list[str]:
             "```", ""]
 
 
-def _serving_section(config: dict, target: str | None, source: str, kind: str) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class ServeContext:
+    """What a kind's serving lines need: the target as engines and as headway name it, and how to
+    fetch and convert the drafter (``convert(fmt)``: the commands that write ``drafter-<fmt>``)."""
+
+    engine_target: str
+    headway_target: str
+    fetch: tuple[str, ...]  # the command that downloads a Hub drafter (none for a local folder)
+    src: str  # the drafter folder the commands read
+
+    def convert(self, fmt: str, extra: str = "") -> list[str]:
+        return [*self.fetch, f"headway convert --to {fmt} {self.src} drafter-{fmt}{extra}"]
+
+
+def _serving_section(config: dict, target: str | None, source: str, kind) -> list[str]:
     """vLLM / SGLang commands for the formats they serve, after converting with ``headway convert``."""
-    engine_target = hub_id_of(target) or target or "<target model>"
     local = Path(source).is_dir()
-    fetch = [] if local else [f"hf download {source} --local-dir drafter"]
-    src = source if local else "drafter"
-
-    def convert(fmt: str, extra: str = "") -> list[str]:
-        return [*fetch, f"headway convert --to {fmt} {src} drafter-{fmt}{extra}"]
-
+    ctx = ServeContext(hub_id_of(target) or target or "<target model>", _headway_target(target),
+                       () if local else (f"hf download {source} --local-dir drafter",), source if local else "drafter")
     lines = ["## Serve it", ""]
-    if kind == "medusa":
-        # a shared lm_head is stored in vLLM's layout, so the converter copies it from the target
-        extra = f" --target {_headway_target(target)}" if config.get("share_lm_head") else ""
-        lines += _vllm(convert("vllm-medusa", extra), "vllm-medusa", "medusa", engine_target,
-                       config.get("num_heads", 4))
-        lines += ["SGLang does not serve Medusa heads.", ""]
-    elif kind == "eagle3":
-        if len(config.get("feature_layers") or []) != 3:
-            return lines + ["vLLM and SGLang read exactly three target feature layers; this drafter reads "
-                            f"{config.get('feature_layers')}, so only headway serves it.", ""]
-        inexact = [i for i in config["feature_layers"] if i in (0, config.get("num_target_layers"))]
-        if inexact:  # see headway.heads.eagle_formats: the engines capture no exact counterpart of these
-            lines += [f"Feature layer(s) {inexact} have no exact counterpart in vLLM or SGLang (0: before the first "
-                      "layer; the last: after the final norm); the engines may draft worse than headway.", ""]
-        lines += _vllm(convert("speculators"), "speculators", "eagle3", engine_target, 3)
-        lines += _sglang(convert("sglang"), "sglang", "EAGLE3", engine_target)
-    elif kind == "eagle":
-        eagle = convert("eagle")
-        if config.get("draft_vocab_size"):  # the engines' layout has none: the export widens it on request
-            eagle = [*fetch, "python -c \"from headway.heads.convert import convert; "
-                             f"convert('{src}', 'drafter-eagle', 'eagle', widen_vocab=True)\""]
-            lines += [f"The engines' EAGLE-1 layout has no reduced draft vocabulary: the export below proposes from "
-                      f"the whole vocabulary instead of this drafter's {config['draft_vocab_size']} tokens.", ""]
-        if config.get("fc_bias", True):
-            lines += ["vLLM builds EAGLE-1's `fc` without a bias, so it cannot load this drafter (trained with "
-                      "`fc_bias: true`).", ""]
-        else:
-            lines += _vllm(eagle, "eagle", "eagle", engine_target, 3)
-        lines += _sglang(eagle, "eagle", "EAGLE", engine_target)
-    return lines
+    if kind is None or kind.serving is None:
+        return lines + ["No engine serves this kind of drafter; headway does (above).", ""]
+    return lines + resolve(kind.serving)(config, ctx)
+
+
+def medusa_serving(config: dict, ctx: ServeContext) -> list[str]:
+    # a shared lm_head is stored in vLLM's layout, so the converter copies it from the target
+    extra = f" --target {ctx.headway_target}" if config.get("share_lm_head") else ""
+    return [*_vllm(ctx.convert("vllm-medusa", extra), "vllm-medusa", "medusa", ctx.engine_target,
+                   config.get("num_heads", 4)), "SGLang does not serve Medusa heads.", ""]
+
+
+def eagle3_serving(config: dict, ctx: ServeContext) -> list[str]:
+    if len(config.get("feature_layers") or []) != 3:
+        return ["vLLM and SGLang read exactly three target feature layers; this drafter reads "
+                f"{config.get('feature_layers')}, so only headway serves it.", ""]
+    lines = []
+    inexact = [i for i in config["feature_layers"] if i in (0, config.get("num_target_layers"))]
+    if inexact:  # see headway.heads.eagle_formats: the engines capture no exact counterpart of these
+        lines += [f"Feature layer(s) {inexact} have no exact counterpart in vLLM or SGLang (0: before the first "
+                  "layer; the last: after the final norm); the engines may draft worse than headway.", ""]
+    lines += _vllm(ctx.convert("speculators"), "speculators", "eagle3", ctx.engine_target, 3)
+    return lines + _sglang(ctx.convert("sglang"), "sglang", "EAGLE3", ctx.engine_target)
+
+
+def eagle1_serving(config: dict, ctx: ServeContext) -> list[str]:
+    lines, eagle = [], ctx.convert("eagle")
+    if config.get("draft_vocab_size"):  # the engines' layout has none: the export widens it on request
+        eagle = [*ctx.fetch, "python -c \"from headway.heads.convert import convert; "
+                             f"convert('{ctx.src}', 'drafter-eagle', 'eagle', widen_vocab=True)\""]
+        lines += [f"The engines' EAGLE-1 layout has no reduced draft vocabulary: the export below proposes from "
+                  f"the whole vocabulary instead of this drafter's {config['draft_vocab_size']} tokens.", ""]
+    if config.get("fc_bias", True):
+        lines += ["vLLM builds EAGLE-1's `fc` without a bias, so it cannot load this drafter (trained with "
+                  "`fc_bias: true`).", ""]
+    else:
+        lines += _vllm(eagle, "eagle", "eagle", ctx.engine_target, 3)
+    return lines + _sglang(eagle, "eagle", "EAGLE", ctx.engine_target)
 
 
 def _vllm(convert: list[str], fmt: str, method: str, target: str, tokens: int) -> list[str]:

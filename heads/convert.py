@@ -21,10 +21,9 @@ import torch
 
 from headway.heads import eagle_formats, medusa_formats
 from headway.heads.base import CONFIG_NAME, Drafter, load_drafter, read_json
-from headway.heads.eagle import EagleHead
+from headway.heads.registry import kind_of, kinds
 from headway.heads.eagle_formats import read_keys, write_folder, detect_eagle_format, export_eagle, import_eagle
 from headway.heads.features import num_layers
-from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_formats import detect_medusa_format, export_medusa, import_medusa
 
 __all__ = ["FORMATS", "convert", "detect_format", "export_any", "load_any"]
@@ -33,7 +32,6 @@ FORMATS = ("headway", *medusa_formats.FORMATS, *eagle_formats.FORMATS)
 _DESCRIBES = {"headway": "headway's own format", "medusa-v0.1": "official Medusa v0.1",
               "medusa-v2": "Medusa version 2 (TGI)", "vllm-medusa": "vLLM MedusaModel", "eagle": "EAGLE-1",
               "sglang": "EAGLE-3 (SGLang)", "speculators": "speculators eagle3"}
-_HOLDS = {MedusaHeads: ("headway", *medusa_formats.FORMATS), EagleHead: ("headway", *eagle_formats.FORMATS)}
 
 
 def _check_format(fmt: str, what: str = "format") -> None:
@@ -121,18 +119,20 @@ def export_any(drafter: Drafter, out, to: str, *, overwrite: bool = False, targe
     A non-empty ``out`` is replaced only with ``overwrite=True``.
     """
     _check_format(to, "target format")
-    kind = next((cls for cls in _HOLDS if isinstance(drafter, cls)), None)
+    kind = kind_of(drafter)
     if kind is None:
-        raise ValueError(f"cannot convert a {type(drafter).__name__}; headway converts MedusaHeads and EagleHead")
-    if to not in _HOLDS[kind]:
-        raise ValueError(f"{kind.__name__} cannot be written as {to!r} ({_DESCRIBES[to]}): that layout holds another "
-                         f"kind of drafter; choose one of {list(_HOLDS[kind])}")
+        raise ValueError(f"cannot convert a {type(drafter).__name__}: no registered drafter kind has that class "
+                         f"(known: {[k.name for k in kinds()]})")
+    holds = ("headway", *kind.exports)
+    if to not in holds:
+        raise ValueError(f"{kind.title} drafters cannot be written as {to!r} ({_DESCRIBES[to]}): that layout holds another "
+                         f"kind of drafter; choose one of {list(holds)}")
     model = _target_model(target)
     if model is not None:
         drafter.check_target(model)
     if to == "headway":
         return _save_headway(drafter, out, overwrite)
-    if kind is MedusaHeads:
+    if to in medusa_formats.FORMATS:
         return export_medusa(drafter, out, to, target_lm_head=_lm_head(model), overwrite=overwrite,
                              allow_official_misread=allow_official_misread)
     if to == "eagle" and drafter.d2t is not None and not widen_vocab:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary, check_target_compatible, register_drafter
+from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary, check_target_compatible
 from headway.heads.features import check_feature_layers, num_layers
 
 
@@ -243,7 +243,6 @@ class EagleLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-@register_drafter
 class EagleHead(DraftVocabulary, Drafter):
     """An EAGLE-1 or EAGLE-3 drafter; build with ``EagleHead.from_target(target, version=3)``."""
 

@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 
 from headway.heads.base import WEIGHTS_NAME, read_json, resolve_folder
 from headway.heads.card import EVAL_METRICS_NAME, RUN_CONFIG_NAME
+from headway.heads.registry import kind_of_config, kinds
 
 METRICS_LOG = "metrics.jsonl"  # the training log next to the exported drafter (train/loop.py)
 # Keys a foreign config may spell its sizes with, in order of preference.
@@ -61,36 +62,20 @@ def describe_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _headway_fields(config: dict) -> dict[str, Any]:
-    kind = config["drafter_type"]
-    out = {"drafter_type": kind, "target": config.get("base_model_name_or_path"),
+    kind = kind_of_config(config)
+    out = {"drafter_type": config["drafter_type"], "kind": kind.name if kind else None,
+           "target": config.get("base_model_name_or_path"),
            "hidden_size": config.get("hidden_size"), "vocab_size": config.get("vocab_size"),
            "draft_vocab_size": config.get("draft_vocab_size"), "headway_version": config.get("headway_version")}
-    if kind == "medusa":
-        out.update(num_heads=config.get("num_heads"), num_layers=config.get("num_layers"),
-                   share_lm_head=config.get("share_lm_head"))
-    elif kind == "eagle":
-        out.update(version=config.get("version"), feature_layers=config.get("feature_layers"),
-                   num_target_layers=config.get("num_target_layers"),
-                   intermediate_size=config.get("intermediate_size"))
+    out.update({k: config.get(k) for k in (kind.info_fields if kind else ())})
     out["description"] = describe_drafter(out)
     return out
 
 
 def describe_drafter(info: dict) -> str:
-    """One line on what the drafter is, from the fields of ``describe_checkpoint``."""
-    kind = info.get("drafter_type")
-    vocab = f"draft vocabulary {info['draft_vocab_size']}" if info.get("draft_vocab_size") else "full vocabulary"
-    if kind == "medusa":
-        layers = info.get("num_layers")
-        lm_head = "the target's lm_head" if info.get("share_lm_head") else f"own lm_head ({vocab})"
-        return (f"Medusa-1 heads: {info.get('num_heads')} heads x {layers} ResBlock{'s' * (layers != 1)}, "
-                f"{lm_head}; head k predicts token t+k+2")
-    if kind == "eagle" and info.get("version") == 1:
-        return "EAGLE-1/2 drafter: one decoder layer over [token embedding; target feature], the target's lm_head"
-    if kind == "eagle":
-        return (f"EAGLE-3 drafter: one decoder layer over fused target layers {info.get('feature_layers')}, "
-                f"own lm_head ({vocab})")
-    return f"{kind} drafter"
+    """One line on what the drafter is, from the fields of ``describe_checkpoint`` (its kind's ``describe``)."""
+    kind = next((k for k in kinds() if k.name == info.get("kind")), None)
+    return kind.description(info) if kind else f"{info.get('drafter_type')} drafter"
 
 
 def _try_import(folder: Path, fmt: str):
@@ -106,7 +91,7 @@ def _try_import(folder: Path, fmt: str):
 
 def _foreign_fields(fmt: str, config: dict) -> dict[str, Any]:
     """What a foreign config.json says, when the drafter cannot be imported from the folder alone."""
-    out = {"drafter_type": None}
+    out = {"drafter_type": None, "kind": None}
     for field, keys in _FOREIGN_KEYS.items():
         out[field] = next((config[k] for k in keys if config.get(k) is not None), None)
     out["architectures"] = config.get("architectures")
@@ -184,7 +169,7 @@ def _size(n: int) -> str:
 
 def render_text(info: dict[str, Any]) -> str:
     """The human-readable summary of ``describe_checkpoint``'s dict."""
-    kind = info.get("drafter_type") or "unknown"
+    kind = info.get("kind") or info.get("drafter_type") or "unknown"
     lines = [info["path"],
              f"  format      {info['format']}" + (f" ({kind})" if info["format"] == "headway" else ""),
              f"  drafter     {info['description']}",

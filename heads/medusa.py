@@ -18,7 +18,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary, register_drafter
+from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary
 
 
 @dataclasses.dataclass
@@ -58,7 +58,6 @@ class ResBlock(nn.Module):
         return x + nn.functional.silu(self.linear(x))
 
 
-@register_drafter
 class MedusaHeads(DraftVocabulary, Drafter):
     """``heads(hidden [B, T, H]) -> logits [num_heads, B, T, V']``; head k predicts token t+k+2.
 

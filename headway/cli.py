@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 EXIT_USAGE = 2
-METHODS = ("medusa", "medusa2", "eagle")  # headway.train.<method>.main(argv)
 TRAIN_EPILOG = """\
 --config takes a YAML file or the name of a shipped config: {shipped}.
 
@@ -78,9 +77,19 @@ def need(module: str, what: str):
 # --- train -------------------------------------------------------------------------------------
 
 
+def training_methods() -> dict:
+    """`headway train NAME` -> its TrainingMethod, from the drafter-kind registry."""
+    from headway.heads.registry import training_methods as registered
+
+    return registered()
+
+
 def run_train(args) -> int:
-    module = need(f"headway.train.{args.method}", f"headway train {args.method}")
     from headway.configs import resolve_config
+    from headway.heads.registry import resolve
+
+    entry = training_methods()[args.method].entry
+    module = need(entry, f"headway train {args.method}") if isinstance(entry, str) else resolve(entry)
 
     argv = ["--config", str(resolve_config(args.config, args.method))] if args.config else []
     argv += ["--model", args.model] * bool(args.model) + ["--data", args.data] * bool(args.data)
@@ -91,19 +100,18 @@ def run_train(args) -> int:
 def add_train(sub) -> None:
     from headway.configs import CONFIG_DIR, shipped_configs
 
+    known = training_methods()
+    names = "|".join(known)
     train = sub.add_parser("train", help="train a drafter (Medusa heads or an EAGLE head) on a frozen target",
                            description="Train a drafter on a target model and export it to train.output_dir.",
-                           epilog="Several GPUs or machines: accelerate launch [accelerate options] -m headway train "
-                                  "medusa|medusa2|eagle --config ... (see 'headway train medusa --help').")
-    methods = train.add_subparsers(dest="method", metavar="{medusa,medusa2,eagle}", required=True)
-    helps = {"medusa": "Medusa-1 heads", "medusa2": "Medusa-2 heads jointly with a LoRA adapter on the target",
-             "eagle": "an EAGLE-1 or EAGLE-3 drafter (eagle.version)"}
-    examples = {"medusa": "medusa/tiny", "medusa2": "medusa2/tiny", "eagle": "eagle/eagle3-tiny"}
-    for method in METHODS:
-        p = methods.add_parser(method, help=f"train {helps[method]}", description=f"Train {helps[method]}.",
+                           epilog=f"Several GPUs or machines: accelerate launch [accelerate options] -m headway train "
+                                  f"{names} --config ... (see 'headway train {next(iter(known))} --help').")
+    methods = train.add_subparsers(dest="method", metavar="{" + names.replace("|", ",") + "}", required=True)
+    for method, spec in known.items():
+        p = methods.add_parser(method, help=f"train {spec.description}", description=f"Train {spec.description}.",
                                formatter_class=Formatter,
-                               epilog=TRAIN_EPILOG.format(method=method, example=examples[method],
-                                                          shipped=", ".join(shipped_configs(method)),
+                               epilog=TRAIN_EPILOG.format(method=method, example=spec.example_config or "my.yaml",
+                                                          shipped=", ".join(shipped_configs(method)) or "none",
                                                           accelerate=CONFIG_DIR / "accelerate"))
         p.add_argument("--config", metavar="YAML_OR_NAME", help="run config: a YAML file or a shipped config name")
         p.add_argument("--model", help="target: Hub id, local folder or smollm2-135m (same as model=...)")

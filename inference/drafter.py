@@ -103,26 +103,21 @@ def sample_children(logits: torch.Tensor, k: int, sampling: SamplingParams | Non
 
 
 def as_drafter(obj) -> Drafter:
-    """Wrap what the user passed: a Drafter (prompt lookup, suffix decoding, ...), ``MedusaHeads``, an
-    ``EagleHead`` (EAGLE-1 or EAGLE-3), a transformers causal LM (a draft model), or a list of these
-    (one hybrid drafter, verified in one pass)."""
+    """Wrap what the user passed: a Drafter (prompt lookup, suffix decoding, ...), a drafter module of a
+    registered kind (``MedusaHeads``, an ``EagleHead``: EAGLE-1 or EAGLE-3; see
+    ``headway.heads.registry``) in its kind's proposer, a transformers causal LM (a draft model), or a
+    list of these (one hybrid drafter, verified in one pass)."""
     if isinstance(obj, Drafter):
         return obj
     if isinstance(obj, (list, tuple)):  # several drafters, one verification pass
         from headway.inference.hybrid import HybridDrafter
 
         return HybridDrafter(list(obj))
-    from headway.heads.eagle import EagleHead
-    from headway.heads.medusa import MedusaHeads
+    from headway.heads.registry import kind_of, resolve
 
-    if isinstance(obj, MedusaHeads):
-        from headway.inference.medusa import MedusaDrafter
-
-        return MedusaDrafter(obj)
-    if isinstance(obj, EagleHead):
-        from headway.inference.eagle import EagleDrafter
-
-        return EagleDrafter(obj)
+    kind = kind_of(obj)  # a registered drafter kind (Medusa heads, EAGLE-1/3, ...): its runtime proposer
+    if kind is not None and kind.proposer is not None:
+        return resolve(kind.proposer)(obj)
     from transformers import PreTrainedModel
 
     if isinstance(obj, PreTrainedModel) and obj.get_output_embeddings() is not None:

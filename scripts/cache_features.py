@@ -6,9 +6,10 @@
 Tokenizes the run config's data exactly as training would (same split), runs the target once
 over every sequence and writes safetensors shards to CACHE_DIR/train and CACHE_DIR/heldout: the
 hidden states of ``--layers`` side by side (bf16 by default) and the target's argmax per token.
-Without ``--layers`` the run config decides: a config with an ``eagle:`` section caches its
+Without ``--layers`` the run config decides, through the training method whose run config it fits
+(``feature_layers`` of that method's entry): a config with an ``eagle:`` section caches its
 feature layers (the EAGLE version's default unless ``eagle.feature_layers`` names them) plus the
-final layer L; any other config caches ``[L]`` (Medusa, EAGLE-1). A cache with more layers serves
+final layer L; a Medusa-1 config caches ``[L]``. A cache with more layers serves
 a run that needs fewer. Interrupted runs resume per shard. Then train with ``features=CACHE_DIR``.
 
     accelerate launch --multi_gpu --num_processes N scripts/cache_features.py --config ... --out CACHE_DIR
@@ -28,50 +29,34 @@ import time
 import torch
 
 from headway.heads.features import check_feature_layers, num_layers
-from headway.heads.target import DEFAULT_MODEL, load_target
-from headway.train.config import ConfigError, _coerce, apply_overrides, from_dict, read_yaml
-from headway.train.data import DataConfig, build_datasets
+from headway.heads.target import load_target
+from headway.heads.registry import resolve, training_methods
+from headway.train.config import ConfigError, apply_overrides, from_dict, read_yaml
+from headway.train.data import build_datasets
 from headway.train.features import cache_features, feature_fingerprint
 from headway.train.launch import end_process, launch_state, main_process_first, my_units, rank_and_world
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def read_run_config(path: str | None, overrides: list[str]) -> tuple[str, DataConfig, dict | None]:
-    """(model, data config, eagle section or None) of a run config.
-
-    Configs with a top-level ``eagle:`` section are read for ``model`` and ``data`` only (the
-    rest belongs to the EAGLE trainer); any other config is a Medusa run config, checked whole."""
+def read_run_config(path: str | None, overrides: list[str]):
+    """(model, data config, training entry, run config) of a run config: the first registered
+    training method (``headway.heads.registry.training_methods``) whose run config has every
+    top-level section the file names (an ``eagle:`` section is EAGLE's, a ``lora:`` one Medusa-2's,
+    neither: Medusa-1's), the file then checked whole against it."""
     raw = apply_overrides(read_yaml(path) if path else {}, list(overrides))
-    if "eagle" in raw:
-        eagle = raw["eagle"] or {}
-        if not isinstance(eagle, dict):
-            raise ConfigError(f"eagle: expected a section (mapping), got {eagle!r}")
-        model = _coerce(raw.get("model", DEFAULT_MODEL), str, "model")
-        data = raw.get("data") or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"data: expected a section (mapping), got {data!r}")
-        return model, from_dict(DataConfig, data, prefix="data."), eagle
-    from headway.train.medusa import MedusaRunConfig
-
-    cfg = from_dict(MedusaRunConfig, raw)
-    return cfg.model, cfg.data, None
+    entries = {name: resolve(method.entry) for name, method in training_methods().items()}
+    for entry in entries.values():
+        if set(raw) <= {f.name for f in dataclasses.fields(entry.RunConfig)}:
+            cfg = from_dict(entry.RunConfig, raw)
+            return cfg.model, cfg.data, entry, cfg
+    raise ConfigError(f"{path or 'the overrides'} has sections {sorted(raw)} that fit no training method's run config "
+                      f"({', '.join(entries)}); check the top-level keys")
 
 
-def default_layers(eagle: dict | None, depth: int) -> list[int]:
-    """The layers a run needs: ``[L]`` without an eagle section; else the EAGLE feature layers
-    (``eagle.feature_layers`` or the version's default) plus ``L`` for the target's distribution."""
-    if eagle is None:
-        return [depth]
-    from headway.heads.eagle import EagleConfig, default_feature_layers
-
-    version = _coerce(eagle.get("version", EagleConfig.version), int, "eagle.version")
-    if version not in (1, 3):
-        raise ConfigError(f"eagle.version must be 1 (EAGLE-1/2) or 3 (EAGLE-3), got {version}")
-    chosen = eagle.get("feature_layers")
-    chosen = default_feature_layers(version, depth) if chosen is None else _coerce(chosen, list[int], "eagle.feature_layers")
-    layers = check_feature_layers(chosen, depth, "eagle.feature_layers")
-    return layers if depth in layers else [*layers, depth]
+def default_layers(entry, cfg, depth: int) -> list[int]:
+    """The layers the run needs (its method's ``feature_layers``), checked against the target's depth."""
+    return check_feature_layers(entry.feature_layers(cfg, depth), depth, "the run config's feature layers")
 
 
 def parse_layers(text: str, depth: int) -> list[int]:
@@ -100,14 +85,14 @@ def main(argv=None) -> None:
         sys.exit("error: --batch-size and --shard-size must be >= 1")
     torch.set_num_threads(args.threads)
     try:
-        model, data, eagle = read_run_config(args.config, args.overrides)
+        model, data, entry, cfg = read_run_config(args.config, args.overrides)
         state = launch_state()
         # rank 0 first: it builds the model folder and the tokenized-data cache once, the others reuse them
         with main_process_first(state):
             target, tokenizer = load_target(model, device=state.device if state is not None else None)
             train, heldout = build_datasets(data, tokenizer, model)
         depth = num_layers(target)
-        layers = parse_layers(args.layers, depth) if args.layers else default_layers(eagle, depth)
+        layers = parse_layers(args.layers, depth) if args.layers else default_layers(entry, cfg, depth)
         fingerprint = feature_fingerprint(target, tokenizer, layers)
         meta = {"model": model, "data": dataclasses.asdict(data)}
         start = time.perf_counter()

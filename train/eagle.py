@@ -24,7 +24,7 @@ from headway.train.config import to_dict
 from headway.train.data import DataConfig
 from headway.train.chunked import DEFAULT_CHUNK_SIZE
 from headway.train.eagle_losses import eagle1_loss, eagle3_loss
-from headway.train.loop import TrainConfig, run_training
+from headway.train.loop import Method, TrainConfig, run_training
 
 
 @dataclasses.dataclass
@@ -110,7 +110,7 @@ class EagleTrainingModule(torch.nn.Module):
                            chunk_size=self.loss.chunk_size)
 
 
-class EagleMethod:
+class EagleMethod(Method):
     """The EAGLE plug-in for the shared loop."""
 
     def __init__(self, head: EagleHead, target, loss: EagleLossConfig):
@@ -125,13 +125,20 @@ def parse_args(argv: list[str] | None = None) -> EagleRunConfig:
                           "configs/eagle/eagle3-smollm2-135m.yaml", argv)
 
 
+RunConfig = EagleRunConfig  # the training entry's protocol (headway.heads.registry.TrainingMethod)
+
+
+def feature_layers(cfg: EagleRunConfig, depth: int) -> list[int]:
+    """What a feature cache must hold for this run on a target of ``depth`` layers: the drafter's
+    feature layers (``eagle.feature_layers`` or the version's default) plus the final-norm layer L."""
+    probe = EagleConfig(**{**dataclasses.asdict(cfg.eagle), "num_target_layers": depth})
+    return needed_layers(probe, depth)
+
+
 def train(cfg: EagleRunConfig) -> dict:
     """Train and export an EAGLE drafter; returns the final held-out metrics per unrolled step."""
-    def layers(target):  # what a feature cache must hold for this drafter on this target
-        probe = EagleConfig(**{**dataclasses.asdict(cfg.eagle), "num_target_layers": num_layers(target)})
-        return needed_layers(probe, num_layers(target))
-
-    run = setup_run(cfg.model, cfg.features, cfg.data, cfg.train, layers=layers)
+    run = setup_run(cfg.model, cfg.features, cfg.data, cfg.train,
+                    layers=lambda target: feature_layers(cfg, num_layers(target)))
     head = EagleHead.from_target(run.target, config=cfg.eagle,
                                  draft_tokens=draft_vocabulary(run, cfg.eagle.draft_vocab_size),
                                  base_model_name_or_path=cfg.model)

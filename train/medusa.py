@@ -21,7 +21,7 @@ from headway.train.common import describe, draft_vocabulary, parse_run_args, rep
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
 from headway.train.features import last_hidden_state
-from headway.train.loop import TrainConfig, run_training
+from headway.train.loop import Method, TrainConfig, run_training
 from headway.train.losses import DEFAULT_CHUNK_SIZE, head_weights, medusa_loss
 
 
@@ -70,7 +70,7 @@ class MedusaTrainingModule(torch.nn.Module):
         self.register_buffer("t2d", heads.target_to_draft(), persistent=False)  # None for a full vocabulary
 
     def forward(self, batch: dict[str, torch.Tensor]):
-        hidden = batch.get("features", batch.get("hidden"))  # cached: the final-norm layer only
+        hidden = batch.get("features")  # cached: the final-norm layer only
         if hidden is None:
             hidden = last_hidden_state(self._target[0], batch["input_ids"], batch["attention_mask"])
         hidden = hidden.float()  # cached features may be stored in half precision
@@ -78,7 +78,7 @@ class MedusaTrainingModule(torch.nn.Module):
                            chunk_size=self.chunk_size)
 
 
-class MedusaMethod:
+class MedusaMethod(Method):
     """The Medusa-1 plug-in for the shared loop."""
 
     def __init__(self, heads: MedusaHeads, target, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE):
@@ -91,6 +91,14 @@ class MedusaMethod:
 def parse_args(argv: list[str] | None = None) -> MedusaRunConfig:
     return parse_run_args(MedusaRunConfig, "Train Medusa-1 heads on a frozen target.",
                           "configs/medusa/smollm2-135m.yaml", argv)
+
+
+RunConfig = MedusaRunConfig  # the training entry's protocol (headway.heads.registry.TrainingMethod)
+
+
+def feature_layers(cfg: MedusaRunConfig, depth: int) -> list[int]:
+    """What a feature cache must hold for this run: the final-norm layer L."""
+    return [depth]
 
 
 def train(cfg: MedusaRunConfig) -> dict:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from headway.heads import MedusaHeads
 from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
-from headway.train.loop import TrainConfig, fsdp_requested, run_training, zero_stage
+from headway.train.loop import Method, TrainConfig, fsdp_requested, run_training, zero_stage
 from headway.train.losses import DEFAULT_CHUNK_SIZE, head_weights, medusa_loss
 from headway.train.medusa import LossConfig, MedusaRunConfig
 
@@ -169,9 +169,9 @@ def self_distill_kl(tuned_logits: torch.Tensor, original_logits: torch.Tensor) -
 class Medusa2TrainingModule(torch.nn.Module):
     """Heads plus the LoRA-wrapped target and the joint loss.
 
-    Non-head metrics ride in head 0's group (the loop's ``summarize`` averages ``head0/*_sum`` by
-    head 0's token count): ``head0/kl`` (mean KL per assistant token), ``head0/lambda`` and
-    ``head0/heads_only`` (1 during the first stage).
+    The joint run's own metrics form the ``joint`` group (the loop's ``summarize`` averages each
+    ``joint/*_sum`` by ``joint/count``, head 0's token count): ``joint/kl`` (mean KL per assistant
+    token), ``joint/lambda`` and ``joint/heads_only`` (1 during the first stage).
     """
 
     def __init__(self, heads: MedusaHeads, tuned, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE):
@@ -194,7 +194,8 @@ class Medusa2TrainingModule(torch.nn.Module):
                                         chunk_size=self.chunk_size)
         n0 = counts["head0/count"].float()
         if heads_only:  # adapters untouched: tuned == original here, the KL would be 0
-            counts.update({"head0/kl_sum": n0 * 0, "head0/lambda_sum": n0 * 0, "head0/heads_only_sum": n0})
+            counts.update({"joint/kl_sum": n0 * 0, "joint/lambda_sum": n0 * 0, "joint/heads_only_sum": n0,
+                           "joint/count": counts["head0/count"]})
             return head_loss, counts
         rows = mask[:, 1:].reshape(-1).bool()  # [B*(T-1)]: position t predicts assistant token t+1
         lm_head = model.get_output_embeddings()
@@ -205,11 +206,12 @@ class Medusa2TrainingModule(torch.nn.Module):
         n = rows.sum().clamp(min=1)
         kl = self_distill_kl(tuned, original) / n
         lam = self.lam if self.training else 0.0
-        counts.update({"head0/kl_sum": kl.detach() * n0, "head0/lambda_sum": n0 * lam, "head0/heads_only_sum": n0 * 0})
+        counts.update({"joint/kl_sum": kl.detach() * n0, "joint/lambda_sum": n0 * lam, "joint/heads_only_sum": n0 * 0,
+                       "joint/count": counts["head0/count"]})
         return kl + lam * head_loss, counts
 
 
-class Medusa2Method:
+class Medusa2Method(Method):
     """The Medusa-2 plug-in for the shared loop: param groups (heads' lr multiplier), the stage and
     lambda schedule per step, and the export of heads + adapter (+ merged target)."""
 
@@ -258,6 +260,14 @@ def parse_args(argv: list[str] | None = None) -> Medusa2RunConfig:
                           "configs/medusa2/smollm2-135m.yaml", argv)
 
 
+RunConfig = Medusa2RunConfig  # the training entry's protocol (headway.heads.registry.TrainingMethod)
+
+
+def feature_layers(cfg: Medusa2RunConfig, depth: int) -> list[int]:
+    raise ValueError("Medusa-2 tunes the target with its heads, so its features change as it trains and cannot be "
+                     "cached; it trains on online features")
+
+
 def train(cfg: Medusa2RunConfig) -> dict:
     """Jointly tune heads and a LoRA adapter; export both; returns the final held-out metrics."""
     if fsdp_requested(cfg.train):  # the tuned target lives in the training module: FSDP would shard the adapter with it
@@ -281,8 +291,8 @@ def train(cfg: Medusa2RunConfig) -> dict:
                            cfg.loss, tokenizer=run.tokenizer, merge=cfg.merge, base_model=cfg.model)
     metrics = run_training(run.acc, cfg.train, method, run.train_data, run.eval_data, run_config=to_dict(cfg))
     report_accuracy(run, metrics, "head", cfg.heads.num_heads, "head", cfg.train.output_dir)
-    if run.acc.is_main_process and "head0/kl" in metrics:
-        print(f"tuned target vs original: held-out KL {metrics['head0/kl']:.4f} per assistant token")
+    if run.acc.is_main_process and "joint/kl" in metrics:
+        print(f"tuned target vs original: held-out KL {metrics['joint/kl']:.4f} per assistant token")
     return metrics
 
 

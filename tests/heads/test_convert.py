@@ -414,14 +414,17 @@ def test_drafter_kind_the_format_cannot_hold(tiny_llama, tmp_path):
     target, _ = tiny_llama
     medusa = _save(_medusa(target), tmp_path / "m")
     for fmt in ("sglang", "eagle", "speculators"):
-        with pytest.raises(ValueError, match=f"MedusaHeads cannot be written as '{fmt}'.*'vllm-medusa'") as err:
+        with pytest.raises(ValueError, match=f"Medusa drafters cannot be written as '{fmt}'.*'vllm-medusa'") as err:
             convert(medusa, tmp_path / "o", fmt)
         _one_line(err)
     eagle3 = _save(_eagle(target, 3), tmp_path / "e")
-    with pytest.raises(ValueError, match=r"EagleHead cannot be written as 'vllm-medusa' \(vLLM MedusaModel\)"):
+    with pytest.raises(ValueError, match=r"EAGLE-3 drafters cannot be written as 'vllm-medusa' \(vLLM MedusaModel\)"):
         convert(eagle3, tmp_path / "o", "vllm-medusa")
-    with pytest.raises(ValueError, match="EAGLE-1 drafters but this head is EAGLE-3"):
+    with pytest.raises(ValueError, match=r"EAGLE-3 drafters cannot be written as 'eagle' \(EAGLE-1\).*'sglang', 'speculators'\]"):
         convert(eagle3, tmp_path / "o", "eagle")
+    eagle1 = _save(_eagle(target, 1), tmp_path / "e1")
+    with pytest.raises(ValueError, match=r"EAGLE-1/2 drafters cannot be written as 'sglang'.*\['headway', 'eagle'\]"):
+        convert(eagle1, tmp_path / "o", "sglang")
     assert not (tmp_path / "o").exists()
 
 

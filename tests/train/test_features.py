@@ -288,7 +288,7 @@ def test_incomplete_old_or_corrupt_caches_are_refused(target, tmp_path):
         load_cached_features(tmp_path / "nothing")
 
 
-def test_pad_batch_pads_features_argmax_and_hidden(target, tmp_path):
+def test_pad_batch_pads_features_and_argmax(target, tmp_path):
     cache = load_cached_features(_make(target, tmp_path / "c", layers=[0, 2], shard_size=3))
     batch = pad_batch(cache[1:4])  # lengths 12, 5, 9
     assert batch["features"].shape == (3, 12, 2 * H) and batch["features"].dtype == torch.bfloat16
@@ -298,10 +298,6 @@ def test_pad_batch_pads_features_argmax_and_hidden(target, tmp_path):
     assert batch["attention_mask"].sum(1).tolist() == [12, 5, 9]
     assert batch["input_ids"][2, :9].tolist() == cache[3]["input_ids"]
     assert batch["loss_mask"][2, :9].tolist() == cache[3]["loss_mask"]
-    # the older "hidden" key (Medusa's) is still padded
-    old = pad_batch([{"input_ids": [1, 2], "loss_mask": [0, 1], "hidden": torch.ones(2, 4)},
-                     {"input_ids": [3], "loss_mask": [1], "hidden": torch.ones(1, 4)}])
-    assert old["hidden"].shape == (2, 2, 4) and old["hidden"].sum() == 12 and "features" not in old
     plain = pad_batch([{"input_ids": [1, 2], "loss_mask": [0, 1]}])
     assert set(plain) == {"input_ids", "loss_mask", "attention_mask"}
 
@@ -319,11 +315,11 @@ def test_script_layers_from_the_run_config(tmp_path, capsys):
     assert medusa.layers == [L] and medusa.dtype == torch.bfloat16 and medusa.has_argmax
     assert medusa.index["meta"]["split"] == "train" and medusa.index["fingerprint"]["tokenizer_vocab"]
     assert f"{2 * H} feature bytes per token" in capsys.readouterr().out
-    # an EAGLE config: the version's feature layers plus L, read for model and data only
+    # an EAGLE config (the registry's EAGLE training method, checked whole): the version's feature layers plus L
     eagle_yaml = tmp_path / "eagle.yaml"
     eagle_yaml.write_text(yaml.safe_dump({"model": "tiny-random-llama", "features": "online",
                                           "data": {"source": "packaged", "max_length": 64, "heldout_fraction": 0.1},
-                                          "eagle": {"version": 3, "ttt_steps": 7}, "train": {"lr": 1e-4}}))
+                                          "eagle": {"version": 3}, "loss": {"ttt_steps": 7}, "train": {"lr": 1e-4}}))
     script.main(["--config", str(eagle_yaml), "--out", str(tmp_path / "e"), *small])
     eagle = load_cached_features(tmp_path / "e" / "heldout")
     assert eagle.layers == [0, 1, 2] and len(eagle) >= 1
@@ -341,4 +337,8 @@ def test_script_layers_from_the_run_config(tmp_path, capsys):
         script.main(["--config", str(eagle_yaml), "--out", str(tmp_path / "y"), "--layers", "0,5", *small])
     with pytest.raises(SystemExit, match="error: unknown config key 'data.bogus'"):
         script.main(["--config", str(eagle_yaml), "--out", str(tmp_path / "y"), "data.bogus=1"])
+    with pytest.raises(SystemExit, match="error: unknown config key 'eagle.ttt_steps'"):  # a key of the loss section
+        script.main(["--config", str(eagle_yaml), "--out", str(tmp_path / "y"), "eagle.ttt_steps=3"])
+    with pytest.raises(SystemExit, match=r"sections \['bogus', 'model'\] that fit no training method"):
+        script.main(["--out", str(tmp_path / "y"), "bogus.x=1", "model=tiny-random-llama"])
     assert not os.path.exists(tmp_path / "y" / "train" / "index.json")

@@ -1,0 +1,59 @@
+"""headway's own drafter kinds, registered (``headway.heads.registry``): Medusa heads, EAGLE-1/2 and
+EAGLE-3. A kind defined elsewhere registers the same way, with its own ``DrafterKind``."""
+
+from __future__ import annotations
+
+from headway.heads.registry import DrafterKind, TrainingMethod, register_kind
+
+# The layouts of headway.heads.medusa_formats / eagle_formats (written out: the registry imports no torch;
+# tests/heads/test_registry.py checks they are those modules' FORMATS)
+MEDUSA_FORMATS = ("medusa-v0.1", "medusa-v2", "vllm-medusa")
+EAGLE_FORMATS = ("eagle", "sglang", "speculators")
+
+
+def _vocab(info: dict) -> str:
+    return f"draft vocabulary {info['draft_vocab_size']}" if info.get("draft_vocab_size") else "full vocabulary"
+
+
+def _describe_medusa(info: dict) -> str:
+    layers = info.get("num_layers")
+    lm_head = "the target's lm_head" if info.get("share_lm_head") else f"own lm_head ({_vocab(info)})"
+    return (f"Medusa-1 heads: {info.get('num_heads')} heads x {layers} ResBlock{'s' * (layers != 1)}, "
+            f"{lm_head}; head k predicts token t+k+2")
+
+
+def _describe_eagle1(info: dict) -> str:
+    return "EAGLE-1/2 drafter: one decoder layer over [token embedding; target feature], the target's lm_head"
+
+
+def _describe_eagle3(info: dict) -> str:
+    return (f"EAGLE-3 drafter: one decoder layer over fused target layers {info.get('feature_layers')}, "
+            f"own lm_head ({_vocab(info)})")
+
+
+_EAGLE_INFO = ("version", "feature_layers", "num_target_layers", "intermediate_size")
+_EAGLE_IMPORTS = EAGLE_FORMATS  # import_eagle reads either version from any of them
+_EAGLE_TRAINING = {"eagle": TrainingMethod("headway.train.eagle", "an EAGLE-1 or EAGLE-3 drafter (eagle.version)",
+                                           "eagle/eagle3-tiny")}
+
+MEDUSA = register_kind(DrafterKind(
+    name="medusa", title="Medusa", drafter_type="medusa", head_class="headway.heads.medusa:MedusaHeads",
+    proposer="headway.inference.medusa:MedusaDrafter",
+    training={"medusa": TrainingMethod("headway.train.medusa", "Medusa-1 heads", "medusa/tiny"),
+              "medusa2": TrainingMethod("headway.train.medusa2", "Medusa-2 heads jointly with a LoRA adapter on the target",
+                                        "medusa2/tiny")},
+    exports=MEDUSA_FORMATS, imports=MEDUSA_FORMATS,
+    info_fields=("num_heads", "num_layers", "share_lm_head"), describe=_describe_medusa,
+    serving="headway.heads.card:medusa_serving"))
+EAGLE1 = register_kind(DrafterKind(
+    name="eagle", title="EAGLE-1/2", drafter_type="eagle", head_class="headway.heads.eagle:EagleHead",
+    proposer="headway.inference.eagle:EagleDrafter",
+    training=_EAGLE_TRAINING, exports=("eagle",), imports=_EAGLE_IMPORTS,
+    matches=lambda config: config.get("version") == 1, info_fields=_EAGLE_INFO, describe=_describe_eagle1,
+    serving="headway.heads.card:eagle1_serving"))
+EAGLE3 = register_kind(DrafterKind(
+    name="eagle3", title="EAGLE-3", drafter_type="eagle", head_class="headway.heads.eagle:EagleHead",
+    proposer="headway.inference.eagle:EagleDrafter",
+    training=_EAGLE_TRAINING, exports=("sglang", "speculators"), imports=_EAGLE_IMPORTS,
+    matches=lambda config: config.get("version", 3) == 3, info_fields=_EAGLE_INFO, describe=_describe_eagle3,
+    serving="headway.heads.card:eagle3_serving"))

@@ -1,0 +1,136 @@
+"""One entry per drafter kind: everything headway needs to know about a kind, in one place.
+
+peft's ``PEFT_TYPE_TO_CONFIG_MAPPING`` is the model. A ``DrafterKind`` names the kind, its head
+class (and so its config class and the ``drafter_type`` its config.json carries), the runtime
+proposer that drafts with it, the training entry points that make it, the external formats it is
+written as and read from, and what its model card and ``headway info`` show. The loaders
+(``load_drafter``), ``inference.as_drafter``, the converters, ``headway info``, the model card, the
+command line's training methods and the feature cacher all read this registry; adding a kind is
+one ``register_kind`` call (headway's own kinds: ``headway.heads.kinds``).
+
+The proposer and the training entry points live on higher floors (``inference``, ``train``), so an
+entry names them as ``"module:attribute"`` / ``"module"`` strings (or holds the objects themselves,
+for a kind defined outside headway); ``resolve`` imports them when a higher floor asks. The head
+class may be named the same way, so that reading the registry (``headway --help``) imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingMethod:
+    """A training entry point: ``headway train NAME`` runs ``resolve(entry).main(argv, exit_process=True)``.
+
+    The entry (a module name, or an object) has ``main(argv, exit_process=False)``, its run config
+    dataclass ``RunConfig`` and ``feature_layers(cfg, depth)``: the target layers a feature cache
+    must hold for that run (``scripts/cache_features.py``)."""
+
+    entry: Any  # "headway.train.medusa", or an object with main / RunConfig / feature_layers
+    description: str  # what it trains, for --help ("Medusa-1 heads")
+    example_config: str | None = None  # a shipped config its --help shows ("medusa/tiny")
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterKind:
+    name: str  # the kind: the card's tag, `headway info`'s kind ("medusa", "eagle", "eagle3")
+    title: str  # how a person calls it, in cards and messages ("Medusa", "EAGLE-1/2", "EAGLE-3")
+    drafter_type: str  # what its config.json's drafter_type says (its config class's drafter_type_name)
+    head_class: Any  # the headway.heads.Drafter subclass, or "module:Class" (imported when first needed)
+    proposer: Any = None  # the runtime proposer ("module:Class" or the class): Proposer(head)
+    training: dict[str, TrainingMethod] = dataclasses.field(default_factory=dict)  # `headway train NAME` -> method
+    exports: tuple[str, ...] = ()  # external formats it can be written as (headway's own format always)
+    imports: tuple[str, ...] = ()  # external formats read into it
+    matches: Callable[[dict], bool] | None = None  # which config.json of its drafter_type is this kind (None: all)
+    info_fields: tuple[str, ...] = ()  # config keys `headway info` reports besides the common ones
+    describe: Callable[[dict], str] | None = None  # one line on what the drafter is, from `headway info`'s fields
+    serving: Any = None  # the card's "Serve it" lines: serving(config, ctx) (or "module:function")
+
+    @property
+    def head(self) -> type:
+        """The head class (imported on first use: the registry itself imports no torch)."""
+        return resolve(self.head_class)
+
+    @property
+    def config_class(self) -> type:
+        return self.head.config_class
+
+    def owns(self, config: dict) -> bool:
+        """Whether a drafter config (config.json's dict) is of this kind."""
+        return config.get("drafter_type") == self.drafter_type and (self.matches is None or self.matches(config))
+
+    def description(self, info: dict) -> str:
+        return self.describe(info) if self.describe else f"{self.title} drafter"
+
+
+_KINDS: dict[str, DrafterKind] = {}
+
+
+def register_kind(kind: DrafterKind) -> DrafterKind:
+    """Add (or replace, by name) a drafter kind; returns it."""
+    if not isinstance(kind, DrafterKind):
+        raise TypeError(f"register_kind takes a DrafterKind, got {type(kind).__name__}")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def unregister_kind(name: str) -> None:
+    _KINDS.pop(name, None)
+
+
+def kinds() -> list[DrafterKind]:
+    """Every registered kind, in registration order."""
+    return list(_KINDS.values())
+
+
+def get_kind(name: str) -> DrafterKind:
+    if name not in _KINDS:
+        raise ValueError(f"unknown drafter kind {name!r}; known: {list(_KINDS)}")
+    return _KINDS[name]
+
+
+def kind_of_config(config: dict) -> DrafterKind | None:
+    """The kind a headway config.json describes; None for a drafter_type no kind registers."""
+    return next((k for k in _KINDS.values() if k.owns(config)), None)
+
+
+def kind_of(drafter) -> DrafterKind | None:
+    """The kind of a drafter module (by its class and, among kinds of one class, its config)."""
+    mine = [k for k in _KINDS.values() if isinstance(drafter, k.head)]
+    if len(mine) <= 1 or all(k.matches is None for k in mine):
+        return mine[0] if mine else None
+    data = drafter.config.to_dict()
+    return next((k for k in mine if k.matches is None or k.matches(data)), None)
+
+
+def drafter_class(drafter_type: str) -> type:
+    """The head class that loads a config.json of ``drafter_type``."""
+    for kind in _KINDS.values():
+        if kind.drafter_type == drafter_type:
+            return kind.head
+    raise ValueError(f"unknown drafter_type {drafter_type!r}; known: {sorted({k.drafter_type for k in _KINDS.values()})}")
+
+
+def training_methods() -> dict[str, TrainingMethod]:
+    """`headway train NAME` -> its method, over every kind, in registration order."""
+    methods: dict[str, TrainingMethod] = {}
+    for kind in _KINDS.values():
+        for name, entry in kind.training.items():
+            methods.setdefault(name, entry)
+    return methods
+
+
+def resolve(ref):
+    """An entry's reference as an object: ``"module:attribute"`` or ``"module"`` is imported; any
+    other value is returned as it is."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, attribute = ref.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attribute) if attribute else obj
+
+
+from headway.heads import kinds as _headway_kinds  # noqa: E402, F401  (registers headway's own kinds)
