@@ -589,7 +589,8 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
                              "state (norm_before_residual false)")
         if config.get("bias"):
             raise ValueError(f"{path} sets bias (an fc bias); headway's EAGLE-3 fc has none")
-        ids, engine, verifier = _sglang_ids(path, config)
+        ids, engine = _sglang_ids(path, config)
+        verifier = None
         base_from_folder = meta.get("base_model_name_or_path")
         prefix = "midlayer."
     h = fields["hidden_size"]
@@ -661,5 +662,5 @@ def _sglang_ids(path: Path, config: dict):
                          f"those layers) and eagle_aux_hidden_state_layer_ids {list(top)} (vLLM: inputs of those "
                          "layers) name different target layers; fix one, or drop both and pass feature_layers=")
     if nested:
-        return list(nested), "sglang", None
-    return (list(top), "vllm", None) if top else (None, "vllm", None)
+        return list(nested), "sglang"
+    return (list(top) if top else None), "vllm"

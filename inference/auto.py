@@ -39,7 +39,7 @@ import torch
 from headway.inference.cost_curve import CostCurve, OnlineCost
 from headway.inference.drafter import Draft
 from headway.inference.tree import Tree
-from headway.inference.tree_attention import verify_width
+from headway.inference.target_forward import verify_width
 
 MAX_BACKOFF = 16  # rounds without drafting, at most, before the drafter is tried again
 PRIOR_WEIGHT = 2.0  # tries the drafter's own estimate counts for in a calibration cell

@@ -24,7 +24,7 @@ import torch
 from headway.inference.cpu_gemm import is_packed
 from headway.inference.kv_cache import crop_to, new_cache
 from headway.inference.tree import Tree, chain
-from headway.inference.tree_attention import prefill, tree_forward
+from headway.inference.target_forward import prefill, tree_forward
 
 logger = logging.getLogger(__name__)
 

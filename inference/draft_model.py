@@ -17,7 +17,7 @@ from headway.inference.drafter import Draft, DraftContext, Drafter, root_only, s
 from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
 from headway.inference.kv_cache import crop_to, new_cache
 from headway.inference.tree import Tree, chain
-from headway.inference.tree_attention import chain_forward, check_attention
+from headway.inference.target_forward import chain_forward, check_attention
 
 
 def vocab_size(model) -> int:

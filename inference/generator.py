@@ -22,7 +22,7 @@ from headway.inference.drafter import Draft, DraftContext, as_drafter, root_draf
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree
-from headway.inference.tree_attention import check_attention, prefill, tree_forward
+from headway.inference.target_forward import check_attention, prefill, tree_forward
 from headway.inference.inputs import check_generation, context_length
 from headway.inference.verify import LazyProbs, SamplingParams, probs, verify_greedy, verify_sampling, verify_typical
 
@@ -206,7 +206,7 @@ class SpeculativeGenerator:
                                        f"for a tree of {draft.tree.size} nodes")
                 sync()
                 t1 = time.perf_counter()
-                logits, _, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
+                logits, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
                                                 pad_to=pad_to, max_positions=context)
                 sync()
                 t2 = time.perf_counter()

@@ -1,4 +1,5 @@
-"""One forward over a flattened tree through a model's public arguments only.
+"""The target's forwards: the prefill, one pass over a flattened tree, a causal chain, through the
+model's public arguments only.
 
 Per TRANSFORMERS.md (measured on Llama, Qwen2 and GPT-2 in transformers 5.24): a 4D float additive
 mask [1, 1, N, P + N] of 0 / finfo.min and 2D ``position_ids = P + depth`` give each tree node
@@ -50,13 +51,14 @@ def verify_width(n: int, pad_to: int) -> int:
     return pad_to if 1 < n < pad_to else n
 
 
-def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int, *, output_hidden: bool = False,
-                 pad_to: int = 1, max_positions: int | None = None):
+def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int, *, pad_to: int = 1,
+                 max_positions: int | None = None):
     """Run ``model`` over the tree's nodes appended to a cache holding ``prefix_len`` tokens.
 
     tokens: [N] long (node 0 first) on the model's device. The cache grows by the padded width W;
     the caller compacts it. ``max_positions``: the model's context (absolute position embeddings):
-    a chain is not padded past it. Returns (logits [N, V], final-norm hidden states [N, H] or None, W).
+    a chain is not padded past it. Returns (logits [N, V], W). (Drafters' features come from the
+    generator's forward hooks, at the layers each drafter asks for.)
     """
     n = tokens.shape[0]
     width = verify_width(n, pad_to)
@@ -76,23 +78,16 @@ def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int
         full = torch.zeros((1, 1, width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all
         full[0, 0, :, prefix_len:] = mask
     out = model(input_ids=tokens[None], position_ids=positions[None], attention_mask=full,
-                cache=cache, use_cache=True, output_hidden_states=output_hidden)
-    logits = out.logits[0, :n]
-    hidden = out.hidden_states[-1][0, :n] if output_hidden else None
-    return logits, hidden, width
+                cache=cache, use_cache=True)
+    return out.logits[0, :n], width
 
 
-def prefill(model, cache, input_ids: torch.Tensor, *, output_hidden: bool = False):
-    """Causal forward over ``input_ids`` [1, T] into an empty cache.
-
-    Returns (logits of the last position [V], its final-norm hidden state [H] or None).
-    """
+def prefill(model, cache, input_ids: torch.Tensor) -> torch.Tensor:
+    """Causal forward over ``input_ids`` [1, T] into an empty cache; logits of the last position [V]."""
     t = input_ids.shape[1]
     positions = torch.arange(t, device=input_ids.device)[None]
-    out = model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True,
-                output_hidden_states=output_hidden, logits_to_keep=1)
-    hidden = out.hidden_states[-1][0, -1] if output_hidden else None
-    return out.logits[0, -1], hidden
+    out = model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1]
 
 
 def chain_forward(model, cache, tokens: torch.Tensor, prefix_len: int):

@@ -88,10 +88,9 @@ def pad_batch(examples, pad_id: int = 0) -> dict[str, torch.Tensor]:
         "loss_mask": torch.zeros((len(examples), length), dtype=torch.long),
         "attention_mask": torch.zeros((len(examples), length), dtype=torch.long),
     }
-    for key in ("features", "hidden"):
-        if key in examples[0]:
-            h = examples[0][key]
-            batch[key] = torch.zeros((len(examples), length, h.shape[-1]), dtype=h.dtype)
+    if "features" in examples[0]:
+        h = examples[0]["features"]
+        batch["features"] = torch.zeros((len(examples), length, h.shape[-1]), dtype=h.dtype)
     if "argmax" in examples[0]:
         batch["argmax"] = torch.full((len(examples), length), -1, dtype=torch.long)
     for i, e in enumerate(examples):
@@ -99,7 +98,7 @@ def pad_batch(examples, pad_id: int = 0) -> dict[str, torch.Tensor]:
         batch["input_ids"][i, :n] = torch.as_tensor(e["input_ids"])
         batch["loss_mask"][i, :n] = torch.as_tensor(e["loss_mask"])
         batch["attention_mask"][i, :n] = 1
-        for key in ("features", "hidden", "argmax"):
+        for key in ("features", "argmax"):
             if key in batch:
                 batch[key][i, :n] = e[key]
     return batch

@@ -15,7 +15,6 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from accelerate import Accelerator
@@ -127,18 +126,26 @@ def epoch_order(lengths: list[int], epoch: int, seed: int, batch: int, group: in
     return torch.cat(out)
 
 
-class Method(Protocol):
-    """What a training method plugs into the loop.
+class Method:
+    """What a training method plugs into the loop (subclass it).
 
     ``model`` is an ``nn.Module`` whose forward takes a padded batch dict and returns
     ``(loss, counts)``; it holds the trainable drafter (the loop wraps it for DDP, so gradients
-    synchronise) and computes the features it needs. ``export`` writes the trained drafter.
+    synchronise) and computes the features it needs. ``export`` writes the trained drafter;
+    ``param_groups`` and ``set_step`` have defaults a method overrides when it needs to.
     """
 
     model: torch.nn.Module
 
+    def param_groups(self, lr: float) -> list[dict]:
+        """The optimizer's parameter groups (default: every trainable parameter, at the run's lr)."""
+        return [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
+
+    def set_step(self, step: int) -> None:
+        """Called before each optimizer step with its index (e.g. a loss weight warmed up over steps)."""
+
     def export(self, model: torch.nn.Module, output_dir: Path, metrics: dict) -> None:
-        ...
+        raise NotImplementedError
 
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
@@ -331,8 +338,7 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
     fsdp = cfg.fsdp
     if fsdp:
         fsdp_mod.shard(model)  # before the optimizer: sharded parameters are new tensors
-    groups = method.param_groups(cfg.lr) if hasattr(method, "param_groups") else \
-        [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    groups = method.param_groups(cfg.lr)
     params = [p for g in groups for p in g["params"]]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -376,8 +382,7 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
         if epoch != order_epoch:  # once per epoch, not per step: grouping walks every sequence's length
             order, order_epoch = epoch_order(lengths, epoch, cfg.seed, cfg.batch_size * acc.num_processes,
                                              cfg.group_by_length), epoch
-        if hasattr(method, "set_step"):
-            method.set_step(step)  # e.g. a loss weight warmed up over optimizer steps
+        method.set_step(step)  # e.g. a loss weight warmed up over optimizer steps
         loss_value = 0.0
         for micro in range(cfg.grad_accum):
             first = ((in_epoch * cfg.grad_accum + micro) * acc.num_processes + acc.process_index) * cfg.batch_size

@@ -15,7 +15,7 @@ import torch
 
 from headway.train.chunked import DEFAULT_CHUNK_SIZE, linear_cross_entropy, topk_counts
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "head_weights", "medusa_loss", "projection_weight", "summarize",
+__all__ = ["DEFAULT_CHUNK_SIZE", "head_weights", "medusa_loss", "summarize",
            "topk_counts"]  # topk_counts now lives in headway.train.chunked; re-exported for old imports
 
 
@@ -26,11 +26,6 @@ def head_weights(num_heads: int, decay: float = 0.8, weights: list[float] | None
             raise ValueError(f"loss weights has {len(weights)} entries for {num_heads} heads; give one per head")
         return list(weights)
     return [decay**k for k in range(num_heads)]
-
-
-def projection_weight(heads, k: int) -> torch.Tensor:
-    """Head k's vocabulary projection [V', H]: its own lm_head, or the target's shared (frozen) one."""
-    return heads.projection_weight(k)
 
 
 def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
@@ -62,7 +57,7 @@ def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask:
             metrics.update({f"head{k}/loss_sum": n.float() * 0, f"head{k}/top1": n * 0, f"head{k}/top5": n * 0,
                             f"head{k}/count": n})
             continue
-        ce, top1, top5 = linear_cross_entropy(heads.head_features(feats, k), projection_weight(heads, k), labels,
+        ce, top1, top5 = linear_cross_entropy(heads.head_features(feats, k), heads.projection_weight(k), labels,
                                               project=lambda x, k=k: heads.project(x, k), chunk_size=chunk_size)
         total = total + weights[k] * ce / n
         metrics.update({f"head{k}/loss_sum": ce.detach(), f"head{k}/top1": top1, f"head{k}/top5": top5,
@@ -72,7 +67,8 @@ def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask:
 
 def summarize(counts: dict[str, float]) -> dict[str, float]:
     """Turn summed counts into per-head (Medusa ``head{k}``) or per-step (EAGLE ``step{i}``) loss,
-    top-1 / top-5 accuracy, and any other ``*_sum`` averaged the same way."""
+    top-1 / top-5 accuracy, and any other ``*_sum`` averaged the same way; any other group ``g``
+    with a ``g/count`` has each ``g/*_sum`` averaged by it (Medusa-2's ``joint/kl``)."""
     out: dict[str, float] = {}
     groups = sorted({key.split("/")[0] for key in counts if re.fullmatch(r"(head|step)\d+", key.split("/")[0])},
                     key=lambda g: (g.rstrip("0123456789"), int(g.lstrip("headstp"))))
@@ -84,6 +80,10 @@ def summarize(counts: dict[str, float]) -> dict[str, float]:
         for key in counts:
             if key.startswith(f"{g}/") and key.endswith("_sum") and key != f"{g}/loss_sum":
                 out[key[:-4]] = float(counts[key]) / n
+    for g in sorted({key.split("/")[0] for key in counts if "/" in key} - set(groups)):  # e.g. Medusa-2's "joint"
+        if f"{g}/count" in counts:
+            n = max(float(counts[f"{g}/count"]), 1.0)
+            out.update({key[:-4]: float(counts[key]) / n for key in counts if key.startswith(f"{g}/") and key.endswith("_sum")})
     top1 = [out[f"{g}/top1"] for g in groups]
     if top1 and len({g.rstrip("0123456789") for g in groups}) == 1:
         out["simulated_acc_len"] = simulated_acc_len(top1)

@@ -59,16 +59,16 @@ def test_joint_training_learns_with_warmup_and_heads_only_stage(run):
     for k in range(3):  # the heads learn
         assert after[f"eval/head{k}/top1"] > before[f"eval/head{k}/top1"] + 0.2, (before, after)
     # the tuned target starts as the original (KL exactly 0) and ends near it, but not on it
-    assert before["eval/head0/kl"] == 0.0
-    assert 0 < after["eval/head0/kl"] < 0.1 and after["eval/head0/kl"] == run["final"]["head0/kl"]
+    assert before["eval/joint/kl"] == 0.0
+    assert 0 < after["eval/joint/kl"] < 0.1 and after["eval/joint/kl"] == run["final"]["joint/kl"]
     train = {m["step"]: m for m in logs if "loss" in m}
     for step in range(1, STAGE1 + 1):  # step s logs optimizer step s-1
-        assert train[step]["train/head0/heads_only"] == 1.0 and train[step]["train/head0/kl"] == 0.0
-        assert train[step]["train/head0/lambda"] == 0.0
+        assert train[step]["train/joint/heads_only"] == 1.0 and train[step]["train/joint/kl"] == 0.0
+        assert train[step]["train/joint/lambda"] == 0.0
     for step in range(STAGE1 + 1, 41):
-        assert train[step]["train/head0/heads_only"] == 0.0
-        assert train[step]["train/head0/lambda"] == pytest.approx(LAMBDA * min(1, (step - STAGE1) / WARMUP), rel=1e-6)
-    assert train[STAGE1 + 3]["train/head0/kl"] > 0
+        assert train[step]["train/joint/heads_only"] == 0.0
+        assert train[step]["train/joint/lambda"] == pytest.approx(LAMBDA * min(1, (step - STAGE1) / WARMUP), rel=1e-6)
+    assert train[STAGE1 + 3]["train/joint/kl"] > 0
 
 
 def test_only_adapter_and_heads_change(run):
