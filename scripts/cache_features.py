@@ -45,13 +45,14 @@ def read_run_config(path: str | None, overrides: list[str]):
     top-level section the file names (an ``eagle:`` section is EAGLE's, a ``lora:`` one Medusa-2's,
     neither: Medusa-1's), the file then checked whole against it."""
     raw = apply_overrides(read_yaml(path) if path else {}, list(overrides))
-    entries = {name: resolve(method.entry) for name, method in training_methods().items()}
-    for entry in entries.values():
+    methods = training_methods()
+    for method in methods.values():
+        entry = resolve(method.entry)  # imported one at a time: Medusa-1's config needs no peft (Medusa-2's module)
         if set(raw) <= {f.name for f in dataclasses.fields(entry.RunConfig)}:
             cfg = from_dict(entry.RunConfig, raw)
             return cfg.model, cfg.data, entry, cfg
     raise ConfigError(f"{path or 'the overrides'} has sections {sorted(raw)} that fit no training method's run config "
-                      f"({', '.join(entries)}); check the top-level keys")
+                      f"({', '.join(methods)}); check the top-level keys")
 
 
 def default_layers(entry, cfg, depth: int) -> list[int]:
