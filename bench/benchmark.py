@@ -49,7 +49,7 @@ from headway.inference.cost_curve import sync as sync_device
 from headway.inference.inputs import context_length
 from headway.bench.task_prompts import GROUPS, prompts_file, task_prompts
 from headway.inference.cpu_gemm import pack_linears
-from headway.inference.draft_model import DraftModelDrafter
+from headway.inference.draft_model import DraftModelProposer
 from headway.inference.generator import SpeculativeGenerator
 from headway.inference.prompt_lookup import PromptLookup
 from headway.inference.suffix_decoding import SuffixDecoding
@@ -139,7 +139,7 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
         out.update(eagle_methods(target, folder, eagle_trees, out, lookup))
     if draft_layers and "draft-model" in families:
         out[f"draft model: first {draft_layers} layers, chain-3"] = (
-            "headway", SpeculativeGenerator(target, DraftModelDrafter(early_exit_model(target, draft_layers), gamma=3),
+            "headway", SpeculativeGenerator(target, DraftModelProposer(early_exit_model(target, draft_layers), gamma=3),
                                             tree=None))
     return out
 

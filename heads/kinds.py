@@ -38,7 +38,7 @@ _EAGLE_TRAINING = {"eagle": TrainingMethod("headway.train.eagle", "an EAGLE-1 or
 
 MEDUSA = register_kind(DrafterKind(
     name="medusa", title="Medusa", drafter_type="medusa", head_class="headway.heads.medusa:MedusaHeads",
-    proposer="headway.inference.medusa:MedusaDrafter",
+    proposer="headway.inference.medusa:MedusaProposer",
     training={"medusa": TrainingMethod("headway.train.medusa", "Medusa-1 heads", "medusa/tiny"),
               "medusa2": TrainingMethod("headway.train.medusa2", "Medusa-2 heads jointly with a LoRA adapter on the target",
                                         "medusa2/tiny")},
@@ -47,13 +47,13 @@ MEDUSA = register_kind(DrafterKind(
     serving="headway.heads.card:medusa_serving"))
 EAGLE1 = register_kind(DrafterKind(
     name="eagle", title="EAGLE-1/2", drafter_type="eagle", head_class="headway.heads.eagle:EagleHead",
-    proposer="headway.inference.eagle:EagleDrafter",
+    proposer="headway.inference.eagle:EagleProposer",
     training=_EAGLE_TRAINING, exports=("eagle",), imports=_EAGLE_IMPORTS,
     matches=lambda config: config.get("version") == 1, info_fields=_EAGLE_INFO, describe=_describe_eagle1,
     serving="headway.heads.card:eagle1_serving"))
 EAGLE3 = register_kind(DrafterKind(
     name="eagle3", title="EAGLE-3", drafter_type="eagle", head_class="headway.heads.eagle:EagleHead",
-    proposer="headway.inference.eagle:EagleDrafter",
+    proposer="headway.inference.eagle:EagleProposer",
     training=_EAGLE_TRAINING, exports=("sglang", "speculators"), imports=_EAGLE_IMPORTS,
     matches=lambda config: config.get("version", 3) == 3, info_fields=_EAGLE_INFO, describe=_describe_eagle3,
     serving="headway.heads.card:eagle3_serving"))

@@ -4,7 +4,7 @@ peft's ``PEFT_TYPE_TO_CONFIG_MAPPING`` is the model. A ``DrafterKind`` names the
 class (and so its config class and the ``drafter_type`` its config.json carries), the runtime
 proposer that drafts with it, the training entry points that make it, the external formats it is
 written as and read from, and what its model card and ``headway info`` show. The loaders
-(``load_drafter``), ``inference.as_drafter``, the converters, ``headway info``, the model card, the
+(``load_drafter``), ``inference.as_proposer``, the converters, ``headway info``, the model card, the
 command line's training methods and the feature cacher all read this registry; adding a kind is
 one ``register_kind`` call (headway's own kinds: ``headway.heads.kinds``).
 

@@ -182,10 +182,10 @@ def build_drafter(args, target_tokenizer, device):
         model = load_drafter(args.drafter, map_location=device)
     elif args.draft_model:
         from headway.heads.target import load_target
-        from headway.inference import DraftModelDrafter
+        from headway.inference import DraftModelProposer
 
         draft, tokenizer = load_target(args.draft_model, device=device)
-        model = DraftModelDrafter(draft, tokenizer=tokenizer, target_tokenizer=target_tokenizer)
+        model = DraftModelProposer(draft, tokenizer=tokenizer, target_tokenizer=target_tokenizer)
     if model is None:
         return None
     return [model, PromptLookup()] if args.lookup else model

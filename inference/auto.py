@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 
 from headway.inference.cost_curve import CostCurve, OnlineCost
-from headway.inference.drafter import Draft
+from headway.inference.proposer import Draft
 from headway.inference.tree import Tree
 from headway.inference.target_forward import verify_width
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from headway.inference.drafter import Draft, DraftContext, Drafter, root_only, sample_children
+from headway.inference.proposer import Draft, DraftContext, Proposer, root_only, sample_children
 from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
 from headway.inference.kv_cache import crop_to, new_cache
 from headway.inference.tree import Tree, chain
@@ -37,7 +37,7 @@ def local_tokenizer_vocab(model) -> dict | None:
     return AutoTokenizer.from_pretrained(str(folder)).get_vocab()
 
 
-class DraftModelDrafter(Drafter):
+class DraftModelProposer(Proposer):
     """A transformers causal LM sharing the target's tokenizer; default tree: a chain of ``gamma``.
 
     When both models were loaded from local folders that hold their tokenizers (or ``tokenizer`` /
@@ -75,7 +75,7 @@ class DraftModelDrafter(Drafter):
             raise ValueError(f"draft model vocab_size {draft_vocab} does not match the target's vocab_size {target_vocab}"
                              + (": the draft model must share the target's tokenizer and vocabulary" if real else
                                 "; if both share one tokenizer and only the embedding padding differs, pass "
-                                "DraftModelDrafter(model, tokenizer=..., target_tokenizer=...) so the shared "
+                                "DraftModelProposer(model, tokenizer=..., target_tokenizer=...) so the shared "
                                 "vocabulary can be checked"))
         self._vocab = (real, target_vocab) if real is not None and (real < draft_vocab or draft_vocab != target_vocab) \
             else None

@@ -19,7 +19,7 @@ import torch
 
 from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
-from headway.inference.drafter import Draft, DraftContext, Drafter, root_only
+from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
 from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
 from headway.inference.tree import Tree
 
@@ -31,7 +31,7 @@ CPU_DYNAMIC = DynamicTree(depth=3, top_k=4, total_tokens=7)
 GPU_DYNAMIC = DynamicTree(depth=6, top_k=10, total_tokens=60)
 
 
-class EagleDrafter(Drafter):
+class EagleProposer(Proposer):
     """Wraps an ``EagleHead``; default tree: EAGLE-2 dynamic (CPU- or GPU-sized)."""
 
     def __init__(self, head: EagleHead):

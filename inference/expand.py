@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from headway.heads.values import parse_bool
-from headway.inference.drafter import Draft, sample_children
+from headway.inference.proposer import Draft, sample_children
 from headway.inference.tree import Tree
 from headway.inference.verify import SamplingParams
 

@@ -18,7 +18,7 @@ import torch
 
 from headway.heads.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
-from headway.inference.drafter import Draft, DraftContext, as_drafter, root_draft
+from headway.inference.proposer import Draft, DraftContext, as_proposer, root_draft
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree
@@ -85,7 +85,7 @@ class SpeculativeGenerator:
     Args:
         target_model: a transformers causal LM (sdpa or eager attention), batch size 1.
         drafter: ``MedusaHeads``, a transformers causal LM sharing the target's tokenizer (the
-            classic draft model), ``PromptLookup(...)``, or any ``headway.inference.Drafter``.
+            classic draft model), ``PromptLookup(...)``, or any ``headway.inference.Proposer``.
         tree: ``"auto"`` (the default: each round verify the part of the drafter's default tree that
             promises the most tokens per unit time under the target's cost curve, down to a plain
             step: headway.inference.auto), None (the drafter's default tree, every round), a shipped
@@ -108,7 +108,7 @@ class SpeculativeGenerator:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r} ('typical' is lossy)")
         check_attention(target_model)
         self.target = target_model
-        self.drafter = as_drafter(drafter)
+        self.drafter = as_proposer(drafter)
         self.drafter.bind(target_model)
         self.auto = isinstance(tree, str) and tree == "auto"
         self._controller, self._curve, self._refresh = None, cost_curve, refresh_cost

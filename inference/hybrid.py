@@ -26,19 +26,19 @@ import time
 
 import torch
 
-from headway.inference.drafter import Draft, DraftContext, Drafter
+from headway.inference.proposer import Draft, DraftContext, Proposer
 from headway.inference.tree import Tree
 
 
-class HybridDrafter(Drafter):
+class HybridProposer(Proposer):
     """Drafters proposing together; see the module docstring. At most one may read target features."""
 
     def __init__(self, drafters: list, max_extra_nodes: int = 16):
-        from headway.inference.drafter import as_drafter
+        from headway.inference.proposer import as_proposer
 
         if len(drafters) < 1:
             raise ValueError("a hybrid drafter needs at least one drafter")
-        self.drafters = [as_drafter(d) for d in drafters]
+        self.drafters = [as_proposer(d) for d in drafters]
         self.max_extra_nodes = max_extra_nodes
         self._others = [None] * (len(self.drafters) - 1)  # the other drafters' own trees (resolve_tree)
         self._pending = None

@@ -13,13 +13,13 @@ import torch
 
 from headway.heads.features import num_layers
 from headway.heads.medusa import MedusaHeads
-from headway.inference.drafter import Draft, DraftContext, Drafter, root_only
+from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
 from headway.inference.tree import Tree, load_tree
 
 DEFAULT_TREE = "tree-15"
 
 
-class MedusaDrafter(Drafter):
+class MedusaProposer(Proposer):
     """Wraps ``MedusaHeads``; default tree ``tree-15`` cut to the number of heads."""
 
     def __init__(self, heads: MedusaHeads):

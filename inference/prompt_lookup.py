@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from headway.inference.drafter import Draft, DraftContext, Drafter, root_only
+from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
 from headway.inference.tree import Tree
 
 
-class PromptLookup(Drafter):
+class PromptLookup(Proposer):
     """Deterministic n-gram copy drafter (needs no model).
 
     Args:

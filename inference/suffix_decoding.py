@@ -22,7 +22,7 @@ import heapq
 
 import torch
 
-from headway.inference.drafter import Draft, DraftContext, Drafter, root_only
+from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
 from headway.inference.tree import Tree
 
 
@@ -93,7 +93,7 @@ def speculate(node: list, budget: int, depth: int, min_prob: float):
     return parents, tokens, total, scores
 
 
-class SuffixDecoding(Drafter):
+class SuffixDecoding(Proposer):
     """Suffix-tree retrieval drafter over the context and, with ``cross_request``, earlier outputs.
 
     Args:

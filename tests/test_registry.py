@@ -18,9 +18,8 @@ from headway.heads.base import DrafterConfig
 from headway.heads.info import describe_checkpoint
 from headway.heads.registry import (DrafterKind, TrainingMethod, drafter_class, get_kind, kind_of, kind_of_config,
                                     kinds, register_kind, training_methods, unregister_kind)
-from headway.inference import SpeculativeGenerator, as_drafter
-from headway.inference.drafter import Draft, DraftContext
-from headway.inference.drafter import Drafter as Proposer
+from headway.inference import SpeculativeGenerator, as_proposer
+from headway.inference.proposer import Draft, DraftContext, Proposer
 from headway.inference.tree import chain
 from headway.train.common import parse_run_args, run_main, setup_run
 from headway.train.config import to_dict
@@ -164,7 +163,7 @@ def test_a_kind_defined_in_a_test_trains_saves_loads_describes_and_generates(toy
     assert "a bigram table proposing 3 tokens" in capsys.readouterr().out
 
     target, _ = tiny_llama
-    assert isinstance(as_drafter(head), BigramProposer)
+    assert isinstance(as_proposer(head), BigramProposer)
     gen = SpeculativeGenerator(target, head, tree="chain-3")  # drafts every round (tree="auto" may decline a weak drafter)
     g = torch.Generator().manual_seed(0)
     for n in (5, 9, 14):
@@ -180,8 +179,8 @@ def test_headway_kinds_come_from_the_registry():
     from headway.heads.convert import FORMATS
     from headway.heads.eagle import EagleHead
     from headway.heads.medusa import MedusaHeads
-    from headway.inference.eagle import EagleDrafter
-    from headway.inference.medusa import MedusaDrafter
+    from headway.inference.eagle import EagleProposer
+    from headway.inference.medusa import MedusaProposer
 
     assert [k.name for k in kinds()][:3] == ["medusa", "eagle", "eagle3"]
     medusa, eagle1, eagle3 = get_kind("medusa"), get_kind("eagle"), get_kind("eagle3")
@@ -194,7 +193,7 @@ def test_headway_kinds_come_from_the_registry():
     assert list(training_methods())[:3] == ["medusa", "medusa2", "eagle"]
     from headway.heads.registry import resolve
 
-    assert resolve(medusa.proposer) is MedusaDrafter and resolve(eagle3.proposer) is EagleDrafter
+    assert resolve(medusa.proposer) is MedusaProposer and resolve(eagle3.proposer) is EagleProposer
     for method in training_methods().values():
         entry = resolve(method.entry)
         assert callable(entry.main) and dataclasses.is_dataclass(entry.RunConfig) and callable(entry.feature_layers)

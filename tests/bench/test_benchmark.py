@@ -96,11 +96,11 @@ def test_two_drafters_of_one_version_both_run(tmp_path):
     trees = [method.tree for _, method in list(table.values())[1:]]
     assert [t.prune for t in trees] == [True, False] and trees[0].depth == trees[1].depth == 5
     # with lookup (the command line's default) every tree also runs as a hybrid with prompt lookup
-    from headway.inference import HybridDrafter
+    from headway.inference import HybridProposer
 
     table = benchmark.methods(target, None, 0, [str(folders[0])], ["chain-3"], families=("eagle",), lookup=True)
     assert list(table) == ["plain", "eagle3 chain-3", "eagle3 chain-3 + lookup"]
-    assert isinstance(table["eagle3 chain-3 + lookup"][1].drafter, HybridDrafter)
+    assert isinstance(table["eagle3 chain-3 + lookup"][1].drafter, HybridProposer)
 
 
 def test_pack_linears_flag_packs_the_float32_cpu_target(tmp_path, capsys):

@@ -93,12 +93,12 @@ def test_short_sequences_in_training_time_test(target):
 
 @pytest.mark.parametrize("version", [1, 3])
 def test_rope_stays_fp32_when_bound_to_a_half_precision_target(version):
-    from headway.inference import EagleDrafter
+    from headway.inference import EagleProposer
 
     model, _ = build_tiny_target("llama", seed=0)
     head = EagleHead.from_target(model, version=version, **({"draft_vocab_size": 50, "draft_tokens": torch.arange(50)}
                                                              if version == 3 else {}))
-    EagleDrafter(head).bind(model.to(torch.bfloat16))
+    EagleProposer(head).bind(model.to(torch.bfloat16))
     assert head.fc.weight.dtype == torch.bfloat16 and head.rotary_emb.inv_freq.dtype == torch.float32
 
 

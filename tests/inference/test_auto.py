@@ -7,11 +7,11 @@ import warnings
 import pytest
 import torch
 
-from headway.inference import (DraftModelDrafter, MedusaDrafter, PromptLookup, SpeculativeGenerator,
+from headway.inference import (DraftModelProposer, MedusaProposer, PromptLookup, SpeculativeGenerator,
                                SuffixDecoding)
 from headway.inference import cost_curve as cc
 from headway.inference.auto import AutoTree, prune
-from headway.inference.drafter import Draft, Drafter, as_drafter
+from headway.inference.proposer import Draft, Proposer, as_proposer
 from headway.inference.tree import Tree
 from eagle_utils import train_eagle
 from spec_utils import (PROMPT, SETTINGS, VerifyRecorder, WiringCase, check_wiring, chi2_pvalue, context_logits,
@@ -44,7 +44,7 @@ def models():
 
 
 def drafters(m):
-    return {"medusa": m["heads"], "draft-model": DraftModelDrafter(m["good"], gamma=4), "eagle3": m["eagle3"],
+    return {"medusa": m["heads"], "draft-model": DraftModelProposer(m["good"], gamma=4), "eagle3": m["eagle3"],
             "lookup": PromptLookup(max_matches=2), "suffix": SuffixDecoding(),
             "hybrid": [m["heads"], PromptLookup()]}
 
@@ -60,11 +60,11 @@ def test_auto_greedy_equals_generate_for_every_drafter_kind(models, kind):
         assert out.stats.plain_steps <= out.stats.target_forward_passes
 
 
-class Counting(Drafter):
+class Counting(Proposer):
     """A drafter wrapper counting its propose calls."""
 
     def __init__(self, inner):
-        self.inner, self.calls = as_drafter(inner), 0
+        self.inner, self.calls = as_proposer(inner), 0
 
     def bind(self, target_model):
         self.inner.bind(target_model)
@@ -85,14 +85,14 @@ def test_a_drafter_that_never_pays_steps_aside(models):
     """A draft model that disagrees with the target, on a costly curve: rounds become plain steps and
     the drafter is called on a fraction of them, backing off; a good one keeps drafting."""
     target = models["target"]
-    bad = Counting(DraftModelDrafter(models["draft"], gamma=4))
+    bad = Counting(DraftModelProposer(models["draft"], gamma=4))
     gen = SpeculativeGenerator(target, bad, tree="auto", cost_curve=curve(0.6, t1=1e-3))
     ids = torch.tensor([PROMPT[:4]])
     out = gen.generate(ids, max_new_tokens=60)
     assert torch.equal(out.sequences, reference_generate(target, ids, 60, eos_token_id=None))
     assert out.stats.plain_steps >= 0.6 * out.stats.target_forward_passes, out.stats.verify_width_per_step
     assert bad.calls < 0.6 * out.stats.target_forward_passes, (bad.calls, out.stats.target_forward_passes)
-    good = SpeculativeGenerator(target, DraftModelDrafter(target, gamma=4), tree="auto", cost_curve=curve(0.05))
+    good = SpeculativeGenerator(target, DraftModelProposer(target, gamma=4), tree="auto", cost_curve=curve(0.05))
     out = good.generate(ids, max_new_tokens=40)  # the target as its own draft: every token accepted
     # (the last round has one token left to make: the root alone)
     assert out.stats.plain_steps <= 1 and out.stats.mean_accepted_length >= 4.0, out.stats.accepted_per_step
@@ -120,7 +120,7 @@ def test_selection_follows_the_scores_and_the_curve():
 def test_auto_sampling_is_exact(models, monkeypatch):
     """Node by node (the wiring check) and in distribution, with pruned sampled trees (a draft model's q)."""
     target = models["target"]
-    case = WiringCase(DraftModelDrafter(models["draft"]), "auto", q_ref=lm_q_ref(models["draft"]), fixed_shape=False)
+    case = WiringCase(DraftModelProposer(models["draft"]), "auto", q_ref=lm_q_ref(models["draft"]), fixed_shape=False)
     recorder = VerifyRecorder(monkeypatch)
     gen = SpeculativeGenerator(target, case.drafter, tree="auto", cost_curve=curve(0.15))
     g = torch.Generator().manual_seed(0)
@@ -132,7 +132,7 @@ def test_auto_sampling_is_exact(models, monkeypatch):
     assert len(set(widths)) > 1, widths  # the controller varied the width
     monkeypatch.undo()
     joint = exact_joint(context_logits(target, PROMPT), SETTINGS["T0.7-p0.9"])
-    for drafter in (DraftModelDrafter(models["draft"]), [models["heads"], PromptLookup()]):
+    for drafter in (DraftModelProposer(models["draft"]), [models["heads"], PromptLookup()]):
         gen = SpeculativeGenerator(target, drafter, tree="auto", cost_curve=curve(0.15))
         g = torch.Generator().manual_seed(1)
         params = SETTINGS["T0.7-p0.9"]
@@ -158,7 +158,7 @@ def test_the_cost_curve_is_measured_once_and_never_taken_from_another_setup(mode
     assert any("measured for another setup (dtype" in str(w.message) for w in seen)
     with pytest.raises(AssertionError, match="measured again"):
         cc.load_cost_curve(target, path=path.with_name("other.json"), refresh=True)
-    assert MedusaDrafter  # exported
+    assert MedusaProposer  # exported
 
 
 def test_prepare_loads_the_curve_before_the_first_call(models, monkeypatch):
@@ -202,7 +202,7 @@ def test_the_curve_times_a_one_token_step_as_t1(models, monkeypatch):
     assert measured.rel(4, 8, True) == pytest.approx(4.0, rel=0.25) and measured.rel(4, 8) == pytest.approx(4.0, rel=0.25)
 
 
-class FeatureReader(Drafter):
+class FeatureReader(Proposer):
     """A model drafter reading the target's last layer that never finds anything, checking that it is
     shown every position's features exactly once, in order, whether or not it drafted each round."""
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from headway.heads.tiny import build_tiny_target
-from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator
+from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator
 from headway.inference import cpu_gemm
 from headway.inference.cpu_gemm import few_rows_linear, is_packed, pack_linears, packing_available, unpack_linears
 from spec_utils import noisy_copy, reference_generate
@@ -97,7 +97,7 @@ def test_packed_target_greedy_equals_unpacked_generate(family, monkeypatch):
     packed_linear = cpu_gemm._packed_linear
     monkeypatch.setattr(cpu_gemm, "_packed_linear", lambda *a: calls.append(a[0].shape[0]) or packed_linear(*a))
     multi = 0
-    for drafter, tree in [(DraftModelDrafter(draft), "tree-7"), (PromptLookup(max_matches=3), None)]:
+    for drafter, tree in [(DraftModelProposer(draft), "tree-7"), (PromptLookup(max_matches=3), None)]:
         gen = SpeculativeGenerator(target, drafter, tree=tree)
         for prompt, ref in zip(prompts, refs):
             out = gen.generate(prompt, max_new_tokens=24)
@@ -118,7 +118,7 @@ def test_packed_target_verifies_two_and_three_rows_unpadded():
     """MKL's 2-3 row GEMMs cost more than 4 rows, so an unpacked CPU target pads those widths to 4;
     packed, 2-3 rows cost less than 4 and are not padded. The output is the same."""
     target, _ = build_tiny_target("llama", seed=5)
-    gen = SpeculativeGenerator(target, DraftModelDrafter(noisy_copy(target, seed=5), gamma=2), tree=None)
+    gen = SpeculativeGenerator(target, DraftModelProposer(noisy_copy(target, seed=5), gamma=2), tree=None)
     prompt = torch.randint(4, target.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
     plain = gen.generate(prompt, max_new_tokens=16)
     assert set(plain.stats.verify_width_per_step) - {1} == {4}  # 3 nodes (root + 2 drafts) padded to 4; 1: the last token
@@ -126,6 +126,6 @@ def test_packed_target_verifies_two_and_three_rows_unpadded():
     packed = gen.generate(prompt, max_new_tokens=16)
     assert torch.equal(packed.sequences, plain.sequences)
     assert set(packed.stats.verify_width_per_step) - {1} <= {2, 3} and 3 in packed.stats.verify_width_per_step
-    forced = SpeculativeGenerator(target, DraftModelDrafter(noisy_copy(target, seed=5), gamma=2), tree=None,
+    forced = SpeculativeGenerator(target, DraftModelProposer(noisy_copy(target, seed=5), gamma=2), tree=None,
                                   pad_to=4)
     assert set(forced.generate(prompt, max_new_tokens=16).stats.verify_width_per_step) - {1} == {4}

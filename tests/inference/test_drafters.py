@@ -5,8 +5,8 @@ import torch
 
 from headway.heads import MedusaConfig, MedusaHeads, load_drafter
 from headway.heads.tiny import build_tiny_target
-from headway.inference import (DraftContext, DraftModelDrafter, MedusaDrafter, PromptLookup, SpeculativeGenerator,
-                               as_drafter, load_tree)
+from headway.inference import (DraftContext, DraftModelProposer, MedusaProposer, PromptLookup, SpeculativeGenerator,
+                               as_proposer, load_tree)
 from headway.inference.prompt_lookup import build_trie, find_continuations
 from headway.inference.verify import SamplingParams
 
@@ -23,8 +23,8 @@ def test_medusa_candidates_follow_head_topk(tiny_llama):
     with torch.no_grad():
         for block in heads.blocks:
             block[0].linear.weight.normal_(0, 0.3)
-    drafter = as_drafter(heads)
-    assert isinstance(drafter, MedusaDrafter)
+    drafter = as_proposer(heads)
+    assert isinstance(drafter, MedusaProposer)
     drafter.bind(target)
     assert drafter.feature_layers == [target.config.num_hidden_layers]  # the final-norm output only
     tree = load_tree("tree-15")
@@ -69,14 +69,14 @@ def test_draft_model_vocab_mismatch(tiny_llama):
     with pytest.raises(ValueError, match="vocab_size .* does not match .* tokenizer"):
         SpeculativeGenerator(target, LlamaForCausalLM(cfg))
     with pytest.raises(ValueError, match="gamma"):
-        DraftModelDrafter(target, gamma=0)
+        DraftModelProposer(target, gamma=0)
 
 
 @pytest.mark.parametrize("tree", ["chain-3", "tree-7"])
 def test_draft_model_greedy_candidates_and_rollback(tiny_llama, tree):
     target, _ = tiny_llama
     draft_model, _ = build_tiny_target("llama", seed=5)
-    drafter = DraftModelDrafter(draft_model)
+    drafter = DraftModelProposer(draft_model)
     drafter.bind(target)
     drafter.reset()
     tree = load_tree(tree)
@@ -97,7 +97,7 @@ def test_draft_model_greedy_candidates_and_rollback(tiny_llama, tree):
 
 def test_draft_model_sampled_tree_reports_q(tiny_llama):
     target, _ = tiny_llama
-    drafter = DraftModelDrafter(build_tiny_target("llama", seed=5)[0])
+    drafter = DraftModelProposer(build_tiny_target("llama", seed=5)[0])
     drafter.bind(target)
     drafter.reset()
     tree = load_tree("tree-7")
@@ -162,7 +162,7 @@ def test_medusa_reduced_draft_vocabulary(tiny_llama):
                           eos_token_id=None)
     keep = torch.unique(torch.cat([ref[0], torch.arange(40, 80)]))  # includes the tokens generate will pick
     heads = MedusaHeads.from_target(target, MedusaConfig(num_heads=3, draft_vocab_size=len(keep)), draft_tokens=keep)
-    drafter = MedusaDrafter(heads)
+    drafter = MedusaProposer(heads)
     drafter.bind(target)
     draft = drafter.propose(ctx([5, 6, 7], torch.randn(target.config.hidden_size), load_tree("tree-7")))
     assert set(draft.tokens[1:].tolist()) <= set(keep.tolist())

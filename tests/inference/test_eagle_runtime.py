@@ -5,7 +5,7 @@ the drafter's cache stays the context, dynamic trees are well formed, and bad tr
 import pytest
 import torch
 
-from headway.inference import DynamicTree, EagleDrafter, SpeculativeGenerator, as_drafter
+from headway.inference import DynamicTree, EagleProposer, SpeculativeGenerator, as_proposer
 from headway.inference.expand import expand_dynamic
 
 CASES = {  # name: (version, tree, floor on tau over the first 20 prompts)
@@ -47,8 +47,8 @@ def test_greedy_eager_attention_and_eos(family, eagle):
 
 
 def test_draft_cache_holds_the_context_only(family, eagle):
-    drafter = as_drafter(eagle[3])
-    assert isinstance(drafter, EagleDrafter) and drafter.feature_layers == eagle[3].config.feature_layers
+    drafter = as_proposer(eagle[3])
+    assert isinstance(drafter, EagleProposer) and drafter.feature_layers == eagle[3].config.feature_layers
     gen = SpeculativeGenerator(family.target, drafter, tree="tree-15")
     out = gen.generate(family.prompts[0], max_new_tokens=20)
     # after the last round the cache holds one entry per context position that had a feature

@@ -18,11 +18,11 @@ from transformers import GenerationConfig, TextStreamer
 
 from headway.heads import MedusaConfig, MedusaHeads
 from headway.heads.tiny import build_tiny_target
-from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator
+from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator
 from spec_utils import noisy_copy, reference_generate
 
 DRAFTERS = {
-    "draft-tree": (lambda f: DraftModelDrafter(f.draft), "tree-7"),
+    "draft-tree": (lambda f: DraftModelProposer(f.draft), "tree-7"),
     "lookup-tree": (lambda f: PromptLookup(max_matches=4), None),
     "medusa-tree": (lambda f: f.heads, "tree-15"),
 }
@@ -68,7 +68,7 @@ def test_generation_config_of_the_model_is_read(family):
         target.generation_config = GenerationConfig(repetition_penalty=1.4, eos_token_id=plain[9], pad_token_id=0)
         ref = reference_generate(target, prompt, 30)
         assert ref.shape[1] <= prompt.shape[1] + 30 and not torch.equal(ref[0, prompt.shape[1]:], torch.tensor(plain))
-        gen = SpeculativeGenerator(target, DraftModelDrafter(family.draft), tree="tree-7")
+        gen = SpeculativeGenerator(target, DraftModelProposer(family.draft), tree="tree-7")
         assert torch.equal(gen.generate(prompt, max_new_tokens=30).sequences, ref)
         assert torch.equal(gen.generate(prompt, max_new_tokens=30, generation_config=GenerationConfig()).sequences,
                            reference_generate(target, prompt, 30, generation_config=GenerationConfig()))
@@ -112,7 +112,7 @@ class Recorder:
 
 
 def test_streamer_sees_tokens_as_they_are_accepted(family):
-    gen = SpeculativeGenerator(family.target, DraftModelDrafter(family.draft), tree="tree-7")
+    gen = SpeculativeGenerator(family.target, DraftModelProposer(family.draft), tree="tree-7")
     prompt = family.prompts[2]
     rec = Recorder()
     out = gen.generate(prompt, max_new_tokens=20, eos_token_id=None, streamer=rec)
@@ -143,7 +143,7 @@ def test_absolute_positions_stay_inside_the_context():
     draft = noisy_copy(target, seed=1)
     prompt = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
     ref = reference_generate(target, prompt, 20)
-    for drafter, tree in [(DraftModelDrafter(draft, gamma=2), None), (PromptLookup(num_pred_tokens=1), None)]:
+    for drafter, tree in [(DraftModelProposer(draft, gamma=2), None), (PromptLookup(num_pred_tokens=1), None)]:
         out = SpeculativeGenerator(target, drafter, tree=tree, pad_to=4).generate(prompt, max_new_tokens=20)
         assert torch.equal(out.sequences, ref)
 
@@ -160,8 +160,8 @@ def test_draft_model_with_padded_embeddings_is_accepted(family):
     with torch.no_grad():
         draft.get_output_embeddings().weight[vocab:] = 50.0  # padding rows that would win every argmax
     with pytest.raises(ValueError, match="tokenizer="):
-        SpeculativeGenerator(target, DraftModelDrafter(draft))
-    drafter = DraftModelDrafter(draft, tokenizer=tiny_tokenizer(), target_tokenizer=tokenizer)
+        SpeculativeGenerator(target, DraftModelProposer(draft))
+    drafter = DraftModelProposer(draft, tokenizer=tiny_tokenizer(), target_tokenizer=tokenizer)
     gen = SpeculativeGenerator(target, drafter, tree="tree-7")
     prompt = torch.randint(4, vocab, (1, 8), generator=torch.Generator().manual_seed(1))
     out = gen.generate(prompt, max_new_tokens=24, eos_token_id=None)

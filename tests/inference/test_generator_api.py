@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headway.heads.tiny import build_tiny_target
-from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator
+from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,17 @@ def test_draft_model_with_another_tokenizer_is_refused(tmp_path):
     t = AutoModelForCausalLM.from_pretrained(tmp_path / "t")
     d = AutoModelForCausalLM.from_pretrained(tmp_path / "d")
     with pytest.raises(ValueError, match="tokenizer differs"):
-        SpeculativeGenerator(t, DraftModelDrafter(d))
+        SpeculativeGenerator(t, DraftModelProposer(d))
     with pytest.raises(ValueError, match="tokenizer differs"):
-        SpeculativeGenerator(target, DraftModelDrafter(draft, tokenizer=swapped, target_tokenizer=tok))
-    SpeculativeGenerator(target, DraftModelDrafter(draft, tokenizer=dtok, target_tokenizer=tok))  # same: accepted
+        SpeculativeGenerator(target, DraftModelProposer(draft, tokenizer=swapped, target_tokenizer=tok))
+    SpeculativeGenerator(target, DraftModelProposer(draft, tokenizer=dtok, target_tokenizer=tok))  # same: accepted
+
+
+def test_pre_rename_names_still_import_with_a_warning():
+    import headway.inference as inf
+
+    for old, new in [("Drafter", "Proposer"), ("MedusaDrafter", "MedusaProposer"), ("as_drafter", "as_proposer")]:
+        with pytest.warns(DeprecationWarning, match=new):
+            assert getattr(inf, old) is getattr(inf, new)
+    with pytest.raises(AttributeError):
+        inf.NoSuchName

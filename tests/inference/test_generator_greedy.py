@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from headway.heads.tiny import build_tiny_target
-from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator
+from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator
 from spec_utils import noisy_copy, reference_generate
 
 DRAFTERS = {  # name: (build drafter from the family fixture, tree, floor on tau over all prompts)
     "medusa-tree": (lambda f: f.heads, None, 1.3),
     "medusa-chain": (lambda f: f.heads, "chain-3", 1.12),
-    "draft-chain": (lambda f: DraftModelDrafter(f.draft, gamma=4), None, 1.5),
-    "draft-tree": (lambda f: DraftModelDrafter(f.draft), "tree-7", 1.7),
+    "draft-chain": (lambda f: DraftModelProposer(f.draft, gamma=4), None, 1.5),
+    "draft-tree": (lambda f: DraftModelProposer(f.draft), "tree-7", 1.7),
     "lookup-chain": (lambda f: PromptLookup(), None, 1.15),
     "lookup-tree": (lambda f: PromptLookup(max_matches=4), None, 1.2),
 }
@@ -69,7 +69,7 @@ def test_greedy_fp32_and_gpt2(family_name):
     target, _ = build_tiny_target(family_name, seed=7)
     draft = noisy_copy(target, seed=7)
     g = torch.Generator().manual_seed(7)
-    for drafter, tree in [(DraftModelDrafter(draft), "tree-7"), (PromptLookup(max_matches=3), None)]:
+    for drafter, tree in [(DraftModelProposer(draft), "tree-7"), (PromptLookup(max_matches=3), None)]:
         gen = SpeculativeGenerator(target, drafter, tree=tree)
         for _ in range(8):
             length = int(torch.randint(2, 12, (), generator=g))

@@ -26,7 +26,7 @@ from transformers import LogitsProcessorList, NoRepeatNGramLogitsProcessor, Repe
 import headway.inference.generator as generator_mod
 import headway.inference.processors as processors_mod
 import headway.inference.verify as verify_mod
-from headway.inference import DraftModelDrafter, PromptLookup, SpeculativeGenerator, SuffixDecoding
+from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from eagle_utils import eagle_q_ref, train_eagle
 from spec_utils import (PROMPT, SETTINGS, VerifyRecorder, WiringCase, check_wiring, chi2_pvalue, context_logits,
                         exact_joint, lm_q_ref, lookup_check, medusa_check, tiny_vocab_model, train_medusa)
@@ -49,8 +49,8 @@ class Models:
 WIRING = {
     "medusa-chain": lambda m: WiringCase(m.heads, "chain-2", check_draft=medusa_check(m.target, m.heads)),
     "medusa-tree": lambda m: WiringCase(m.heads, TREE, check_draft=medusa_check(m.target, m.heads)),
-    "draft-chain": lambda m: WiringCase(DraftModelDrafter(m.draft), "chain-2", q_ref=lm_q_ref(m.draft)),
-    "draft-tree": lambda m: WiringCase(DraftModelDrafter(m.draft), TREE, q_ref=lm_q_ref(m.draft)),
+    "draft-chain": lambda m: WiringCase(DraftModelProposer(m.draft), "chain-2", q_ref=lm_q_ref(m.draft)),
+    "draft-tree": lambda m: WiringCase(DraftModelProposer(m.draft), TREE, q_ref=lm_q_ref(m.draft)),
     "lookup-chain": lambda m: lookup_case(PromptLookup()),
     "lookup-tree": lambda m: lookup_case(PromptLookup(max_matches=3, max_ngram_size=2)),
     # suffix decoding's every path follows an earlier occurrence of a context suffix, as prompt lookup's does
@@ -60,7 +60,7 @@ WIRING = {
     # model's q) verify alone, the retrieval draft set aside that round
     "hybrid-medusa": lambda m: WiringCase([m.heads, PromptLookup(max_matches=2, max_ngram_size=2)], TREE,
                                           fixed_shape=False),
-    "hybrid-draft": lambda m: WiringCase([DraftModelDrafter(m.draft), SuffixDecoding(cross_request=False)], "chain-2",
+    "hybrid-draft": lambda m: WiringCase([DraftModelProposer(m.draft), SuffixDecoding(cross_request=False)], "chain-2",
                                          q_ref=lm_q_ref(m.draft)),
     # EAGLE over static trees samples its children: q is the head's own distribution at the node (the head
     # run over the target's features of the context, then over its own states along the path)
@@ -235,8 +235,8 @@ def test_broken_eagle_wiring_is_caught(models, wiring_cases, bug, monkeypatch):
     from headway.inference import eagle as eagle_mod
 
     if bug == "widen":
-        real = eagle_mod.EagleDrafter._widen
-        monkeypatch.setattr(eagle_mod.EagleDrafter, "_widen", lambda self, q: real(self, q.roll(1)))
+        real = eagle_mod.EagleProposer._widen
+        monkeypatch.setattr(eagle_mod.EagleProposer, "_widen", lambda self, q: real(self, q.roll(1)))
     else:
         real_fwd = type(models.eagle3).forward
 

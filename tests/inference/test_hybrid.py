@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from headway.heads import MedusaConfig, MedusaHeads
-from headway.inference import (Draft, DraftModelDrafter, HybridDrafter, PromptLookup, SpeculativeGenerator,
+from headway.inference import (Draft, DraftModelProposer, HybridProposer, PromptLookup, SpeculativeGenerator,
                                SuffixDecoding, Tree)
 from headway.inference.hybrid import merge_drafts
 from spec_utils import noisy_copy, reference_generate, tiny_vocab_model
@@ -34,9 +34,9 @@ def test_hybrid_greedy_equals_generate_and_copies_where_the_model_misses():
     draft_model = noisy_copy(target, scale=2.0, seed=1)  # a poor draft model
     g = torch.Generator().manual_seed(0)
     taus = {}
-    for name, drafter in (("model", DraftModelDrafter(draft_model, gamma=3)),
-                          ("hybrid", [DraftModelDrafter(draft_model, gamma=3), PromptLookup()]),
-                          ("hybrid-suffix", [DraftModelDrafter(draft_model, gamma=3), SuffixDecoding()])):
+    for name, drafter in (("model", DraftModelProposer(draft_model, gamma=3)),
+                          ("hybrid", [DraftModelProposer(draft_model, gamma=3), PromptLookup()]),
+                          ("hybrid-suffix", [DraftModelProposer(draft_model, gamma=3), SuffixDecoding()])):
         gen = SpeculativeGenerator(target, drafter)
         new = passes = 0
         g.manual_seed(0)
@@ -57,8 +57,8 @@ def test_a_hybrid_refuses_two_feature_readers_and_names_a_drafter_for_another_ta
     with pytest.raises(ValueError, match="2 drafters that read the target's features"):
         SpeculativeGenerator(target, [heads[0], heads[1]])
     wrong = MedusaHeads(MedusaConfig(hidden_size=hidden, vocab_size=300, num_heads=2))
-    with pytest.raises(ValueError, match=r"hybrid drafter 1 \(MedusaDrafter\) does not fit the target: .*300"):
+    with pytest.raises(ValueError, match=r"hybrid drafter 1 \(MedusaProposer\) does not fit the target: .*300"):
         SpeculativeGenerator(target, [PromptLookup(), wrong])
     with pytest.raises(ValueError, match="at least one drafter"):
-        HybridDrafter([])
-    assert isinstance(SpeculativeGenerator(target, (PromptLookup(), SuffixDecoding())).drafter, HybridDrafter)
+        HybridProposer([])
+    assert isinstance(SpeculativeGenerator(target, (PromptLookup(), SuffixDecoding())).drafter, HybridProposer)

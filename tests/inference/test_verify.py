@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import headway.inference.verify as verify_mod
-from headway.inference.drafter import sample_children
+from headway.inference.proposer import sample_children
 from headway.inference.tree import Tree, chain
 from headway.inference.verify import (LazyProbs, SamplingParams, process_logits, probs, verify_chain_sampling,
                                       verify_greedy, verify_sampling, verify_typical)

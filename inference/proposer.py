@@ -1,4 +1,4 @@
-"""The one interface every drafter implements; the generator never knows which drafter it runs.
+"""The runtime side of every drafter, a ``Proposer``; the generator never knows which drafter it runs.
 
 Each round the generator hands the drafter a ``DraftContext`` (all tokens so far, the last one
 being the root; the target's features, at the layers the drafter asked for, of every position
@@ -44,7 +44,7 @@ class Draft:
     sources: list[int] | None = None  # [N] which drafter of a hybrid proposed node i (None: all one drafter)
 
 
-class Drafter:
+class Proposer:
     """Base class. Subclasses implement ``propose``; the rest has sensible defaults."""
 
     # target layers (transformers hidden_states ids; L = after the final norm) whose features the
@@ -102,17 +102,17 @@ def sample_children(logits: torch.Tensor, k: int, sampling: SamplingParams | Non
     return keys.topk(k, dim=-1).indices, q
 
 
-def as_drafter(obj) -> Drafter:
-    """Wrap what the user passed: a Drafter (prompt lookup, suffix decoding, ...), a drafter module of a
+def as_proposer(obj) -> Proposer:
+    """Wrap what the user passed: a Proposer (prompt lookup, suffix decoding, ...), a drafter module of a
     registered kind (``MedusaHeads``, an ``EagleHead``: EAGLE-1 or EAGLE-3; see
     ``headway.heads.registry``) in its kind's proposer, a transformers causal LM (a draft model), or a
     list of these (one hybrid drafter, verified in one pass)."""
-    if isinstance(obj, Drafter):
+    if isinstance(obj, Proposer):
         return obj
     if isinstance(obj, (list, tuple)):  # several drafters, one verification pass
-        from headway.inference.hybrid import HybridDrafter
+        from headway.inference.hybrid import HybridProposer
 
-        return HybridDrafter(list(obj))
+        return HybridProposer(list(obj))
     from headway.heads.registry import kind_of, resolve
 
     kind = kind_of(obj)  # a registered drafter kind (Medusa heads, EAGLE-1/3, ...): its runtime proposer
@@ -121,9 +121,9 @@ def as_drafter(obj) -> Drafter:
     from transformers import PreTrainedModel
 
     if isinstance(obj, PreTrainedModel) and obj.get_output_embeddings() is not None:
-        from headway.inference.draft_model import DraftModelDrafter
+        from headway.inference.draft_model import DraftModelProposer
 
-        return DraftModelDrafter(obj)
+        return DraftModelProposer(obj)
     raise ValueError(f"unsupported drafter {type(obj).__name__}: pass MedusaHeads, EagleHead, a transformers causal LM sharing "
-                     "the target's tokenizer, PromptLookup(...), SuffixDecoding(...), a headway.inference.Drafter, "
+                     "the target's tokenizer, PromptLookup(...), SuffixDecoding(...), a headway.inference.Proposer, "
                      "or a list of them (one hybrid drafter)")
