@@ -18,7 +18,7 @@ from huggingface_hub import ModelCard, PyTorchModelHubMixin, snapshot_download
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from headway.heads.registry import DrafterKind, drafter_class, kinds, register_kind
+from headway.heads.registry import DrafterKind, head_class, kinds, register_kind
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -187,13 +187,14 @@ class DraftVocabulary:
         """Map indices into the drafter's logits to target token ids."""
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
-    def target_to_draft(self) -> torch.Tensor | None:
-        """[V] long: the draft index of each target token, -1 where it is outside the draft vocabulary."""
+    def draft_index(self) -> torch.Tensor | None:
+        """[V] long: the draft index of each target token, -1 where it is outside the draft vocabulary.
+        (Not a checkpoint's ``t2d``: that is EAGLE-3's [V] bool mask of the draft vocabulary.)"""
         if self.d2t is None:
             return None
-        t2d = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
-        t2d[self.draft_token_ids] = torch.arange(len(self.d2t), device=self.d2t.device)
-        return t2d
+        index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+        index[self.draft_token_ids] = torch.arange(len(self.d2t), device=self.d2t.device)
+        return index
 
     def draft_rows(self, weight: torch.Tensor) -> torch.Tensor:
         """[V, H] -> [V', H]: the rows of a target-vocabulary matrix (e.g. its lm_head) in the draft vocabulary."""
@@ -258,7 +259,7 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
         folder = resolve_folder(folder_or_hub_id, revision=revision, **hub_kwargs)
         data = read_config_file(folder)
         if cls is Drafter:
-            cls = drafter_class(data["drafter_type"])
+            cls = head_class(data)
         config = cls.config_class.from_dict(data, source=str(folder / CONFIG_NAME))
         model = cls(config)
         state = read_weights(folder / WEIGHTS_NAME)

@@ -1,4 +1,4 @@
-"""EAGLE drafters: one decoder layer that extrapolates the target's features (one class, two versions).
+"""EAGLE drafters: one decoder layer that extrapolates the target's features (two classes over one layer module).
 
 - EAGLE-1/2 (Li et al., 2024, arXiv:2401.15077; EAGLE-2 arXiv:2406.16858 changes only inference):
   ``f_hat[t+1] = Layer(fc([emb(x[t+1]); f[t]]))`` where f is the target's final-norm hidden state;
@@ -15,6 +15,11 @@ unless ``store_embeddings``. The step function ``forward(input_ids, hidden, posi
 returns the layer output h' (the predicted feature, fed back as the next step's ``hidden``);
 ``logits(h')`` scores it. With ``ttt=TTTKeys()`` the attention also sees, at every position, the
 keys that earlier unrolled steps wrote there (EAGLE-3's training-time test).
+
+``EagleHead`` holds what both share (the config, RoPE, the bound embedding, the step, the draft
+vocabulary, Hub I/O); ``Eagle1Head`` and ``Eagle3Head`` hold what differs. ``EagleHead(config)``
+and ``EagleHead.from_target(..., version=)`` build the class ``config.version`` names, so callers
+need not know the two classes.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary, check_target_compatible
+from headway.heads.eagle_layer import DraftCache, Eagle3Layer, EagleAttention, EagleLayer, TTTKeys  # noqa: F401
 from headway.heads.features import check_feature_layers, num_layers
 
 
@@ -110,173 +116,53 @@ class EagleConfig(DrafterConfig):
             tie_word_embeddings=False)
 
 
-class DraftCache:
-    """The drafter's own key/value cache (one layer): ``[B, Hkv, S, D]`` tensors, cropped on roll-back."""
-
-    def __init__(self):
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
-        self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
-        return self.keys, self.values
-
-    def crop(self, length: int) -> None:
-        if self.keys is not None and self.keys.shape[2] > length:
-            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
-
-
-def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    # [B, Hkv, S, D] -> [B, Hkv * groups, S, D]
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
-class EagleAttention(nn.Module):
-    """Llama self-attention whose q/k/v read ``in_width`` features (2H for EAGLE-3)."""
-
-    def __init__(self, cfg: EagleConfig, in_width: int):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(in_width, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(in_width, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(in_width, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
-
-    def forward(self, x, cos, sin, mask=None, cache: DraftCache | None = None, ttt: TTTKeys | None = None):
-        # x: [B, T, in_width]; cos/sin: [B, T, D]; mask: additive [B or 1, 1, T, S] or None (causal)
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        groups = self.heads // self.kv_heads
-        if ttt:  # an unrolled step i > 0: step-0 keys causally + the key each step wrote at this position
-            out = _ttt_attention(q, k, v, ttt, groups)
-            ttt.append((k, v))
-        else:
-            if ttt is not None:
-                ttt.append((k, v))
-            if cache is not None:
-                k, v = cache.append(k, v)
-            s = k.shape[2]
-            if mask is None and t > 1 and s > t:  # causal after a cached prefix
-                mask = torch.full((t, s), float("-inf"), dtype=q.dtype, device=q.device).triu_(s - t + 1)[None, None]
-            out = F.scaled_dot_product_attention(q, _expand_kv(k, groups), _expand_kv(v, groups),
-                                                 attn_mask=None if mask is None else mask.to(q.dtype),
-                                                 is_causal=mask is None and t > 1)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-
-
-class TTTKeys:
-    """The keys and values each unrolled training-time-test step wrote: [(k_j, v_j)] for steps 0..i-1.
-
-    Deliberately not a list: module hooks that re-wrap tensor arguments (DeepSpeed ZeRO-3's) rebuild
-    list and tuple arguments, so a plain list passed down would lose the steps appended inside."""
-
-    def __init__(self):
-        self.steps: list = []
-
-    def append(self, kv) -> None:
-        self.steps.append(kv)
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    def __getitem__(self, i):
-        return self.steps[i]
-
-
-def _ttt_attention(q, k, v, steps: list, groups: int) -> torch.Tensor:
-    """Attention of unrolled step i = len(steps) (EAGLE-3 training-time test).
-
-    q, k, v: [B, H or Hkv, T, D] of this step; steps: [(k_j, v_j)] of steps 0..i-1. Position t sees
-    step 0's keys at positions <= t (causal) and, of every later step including this one, only the
-    key at t itself (the diagonal): exactly what a depth-i tree node sees at inference.
-    """
-    scale = q.shape[-1] ** -0.5
-    k0, v0 = _expand_kv(steps[0][0], groups), _expand_kv(steps[0][1], groups)
-    t = q.shape[2]
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril_()
-    s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, H, T, T]
-    s0 = s0.masked_fill(~causal, float("-inf"))
-    diag_k = [_expand_kv(kj, groups) for kj, _ in steps[1:]] + [_expand_kv(k, groups)]
-    diag_v = [_expand_kv(vj, groups) for _, vj in steps[1:]] + [_expand_kv(v, groups)]
-    sd = torch.stack([(q * kj).sum(-1) * scale for kj in diag_k], dim=-1)  # [B, H, T, i]
-    acc = torch.promote_types(q.dtype, torch.float32)  # softmax in at least fp32 (bf16 training)
-    weights = torch.cat([s0, sd], dim=-1).to(acc).softmax(-1).to(q.dtype)  # [B, H, T, T + i]
-    out = weights[..., :t] @ v0  # [B, H, T, D]
-    for j, vj in enumerate(diag_v):
-        out = out + weights[..., t + j, None] * vj
-    return out
-
-
-class EagleLayer(nn.Module):
-    """The drafter's decoder layer. EAGLE-1: no input norm, input ``fc([emb; f])``. EAGLE-3: q/k/v read
-    ``[input_layernorm(emb); hidden_norm(h)]`` and the residual runs on h (norm_before_residual false)."""
-
-    def __init__(self, cfg: EagleConfig):
-        super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
-
-        h = cfg.hidden_size
-        self.version = cfg.version
-        self.self_attn = EagleAttention(cfg, 2 * h if cfg.version == 3 else h)
-        self.mlp = LlamaMLP(cfg.llama_config())
-        self.post_attention_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
-        if cfg.version == 3:
-            self.input_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
-            self.hidden_norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
-
-    def forward(self, x, emb, cos, sin, mask=None, cache=None, ttt=None):
-        # x: [B, T, H] (EAGLE-1: already fc([emb; f])); emb: [B, T, H] token embeddings (EAGLE-3 only)
-        if self.version == 3:
-            attn_in = torch.cat([self.input_layernorm(emb), self.hidden_norm(x)], dim=-1)  # [B, T, 2H]
-        else:
-            attn_in = x
-        x = x + self.self_attn(attn_in, cos, sin, mask, cache, ttt)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
 class EagleHead(DraftVocabulary, Drafter):
-    """An EAGLE-1 or EAGLE-3 drafter; build with ``EagleHead.from_target(target, version=3)``."""
+    """An EAGLE-1 or EAGLE-3 drafter; build with ``EagleHead.from_target(target, version=3)``.
+
+    ``EagleHead(config)`` is an ``Eagle1Head`` or an ``Eagle3Head`` (``config.version``); each of those
+    sets ``version`` and fills the hooks below (``_build``, ``step_input``, ``input_hidden``,
+    ``projection``, ``_bind_rows``, ``_copy_from_target``)."""
 
     config_class = EagleConfig
+    version: int | None = None  # set by the two subclasses
+    layer: EagleLayer  # the decoder layer (stored as layers.0 or midlayer: the official tensor names)
+
+    def __new__(cls, config: EagleConfig | None = None, *args, **kwargs):
+        if config is None:  # copy / pickle rebuilding an instance of the class they already know
+            return super().__new__(cls)
+        if cls.version is None:  # EagleHead itself: the class the config's version names
+            cls = next((c for c in cls.__subclasses__() if c.version == config.version), None) or cls
+            if cls.version is None:
+                raise ValueError(f"no EAGLE drafter class for version {config.version}; use 1 or 3")
+        elif config.version != cls.version:
+            raise ValueError(f"{cls.__name__} is EAGLE-{cls.version} but the config says version={config.version}; "
+                             "build it with EagleHead(config)")
+        return super().__new__(cls)
 
     def __init__(self, config: EagleConfig):
         super().__init__(config)
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         if config.num_target_layers is None:
             raise ValueError("EagleConfig.num_target_layers is unset: build the drafter with EagleHead.from_target")
         if config.draft_vocab_size is not None and config.draft_vocab_size > config.vocab_size:
             raise ValueError(f"draft_vocab_size {config.draft_vocab_size} exceeds the target's vocab_size "
                              f"{config.vocab_size}; choose at most {config.vocab_size}")
-        h = config.hidden_size
-        fc_in = config.feature_width if config.version == 3 else 2 * h
-        self.fc = nn.Linear(fc_in, h, bias=config.fc_bias)
-        layer = EagleLayer(config)
-        if config.version == 1:
-            self.layers = nn.ModuleList([layer])
-        else:
-            self.midlayer = layer
-            self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
-            self.lm_head = nn.Linear(h, config.output_size, bias=False)
+        self._build(config)
         self.rotary_emb = LlamaRotaryEmbedding(config.llama_config())  # inv_freq is a non-persistent buffer
         if config.store_embeddings:
-            self.embed_tokens = nn.Embedding(config.vocab_size, h).requires_grad_(False)
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size).requires_grad_(False)
         if config.draft_vocab_size:
             # target_id = draft_id + d2t[draft_id]; t2d[target_id] is True inside the draft vocabulary
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
             self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         else:
             self.d2t = self.t2d = None
-        self._bound = ()  # (embedding [V, H], lm_head rows [V', H] for EAGLE-1): the target's, not saved
+        self._bound = ()  # (embedding [V, H], _bind_rows' result): the target's, not saved
+
+    def _build(self, config: EagleConfig) -> None:
+        """Create ``fc``, the decoder layer and the version's own modules (in the official order)."""
+        raise NotImplementedError
 
     def _apply(self, fn, recurse=True):
         """Module casts and moves (``.to``, ``.half()``, ``.float()``), with RoPE's inverse frequencies
@@ -308,7 +194,7 @@ class EagleHead(DraftVocabulary, Drafter):
         if rope.get("rope_type", "default") == "default":
             rope = {}
         fields = dict(
-            hidden_size=h, vocab_size=tcfg.vocab_size, version=3,
+            hidden_size=h, vocab_size=tcfg.vocab_size, version=cls.version or 3,
             base_model_name_or_path=getattr(tcfg, "_name_or_path", None) or None,
             num_attention_heads=heads, num_key_value_heads=getattr(tcfg, "num_key_value_heads", None) or heads,
             head_dim=getattr(tcfg, "head_dim", None) or h // heads,
@@ -349,9 +235,10 @@ class EagleHead(DraftVocabulary, Drafter):
         with torch.no_grad():
             if self.config.store_embeddings:
                 self.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight)
-            if self.config.version == 3:
-                weight = target_model.get_output_embeddings().weight
-                self.lm_head.weight.copy_(self.draft_rows(weight).to(self.lm_head.weight.dtype))
+            self._copy_from_target(target_model)
+
+    def _copy_from_target(self, target_model) -> None:
+        """Initialise the version's own weights from the target's (under no_grad)."""
 
     # --- the target -------------------------------------------------------------------------
 
@@ -381,22 +268,14 @@ class EagleHead(DraftVocabulary, Drafter):
         """Check shapes against the target and bind its frozen embedding (and EAGLE-1's lm_head)."""
         self.check_target(target_model)
         self.check_draft_vocab()
-        embed = target_model.get_input_embeddings().weight.detach()
-        rows = None
-        if self.config.version == 1:
-            lm_head = target_model.get_output_embeddings()
-            if getattr(lm_head, "bias", None) is not None:
-                raise ValueError("EAGLE-1 scores through the target's lm_head, which must have no bias")
-            rows = self.draft_rows(lm_head.weight.detach())
-            rows = rows.contiguous() if self.d2t is not None else rows
-        self._bound = (embed, rows)
+        self._bound = (target_model.get_input_embeddings().weight.detach(), self._bind_rows(target_model))
         return self
 
-    # --- the step function ------------------------------------------------------------------
+    def _bind_rows(self, target_model) -> torch.Tensor | None:
+        """What else of the target the version scores with (EAGLE-1: its lm_head rows [V', H])."""
+        return None
 
-    @property
-    def layer(self) -> EagleLayer:
-        return self.layers[0] if self.config.version == 1 else self.midlayer
+    # --- the step function ------------------------------------------------------------------
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         # [B, T] -> [B, T, H]
@@ -406,13 +285,20 @@ class EagleHead(DraftVocabulary, Drafter):
             raise RuntimeError("this EAGLE drafter uses the target's embedding: call head.bind_target(target) first")
         return F.embedding(input_ids, self._bound[0]).to(self.fc.weight.dtype)
 
-    def input_hidden(self, features: torch.Tensor) -> torch.Tensor:
-        """Target features [..., feature_width] -> the step's ``hidden`` [..., H] (EAGLE-3: fc fuses them)."""
+    def check_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [..., feature_width], checked and cast to the drafter's dtype."""
         if features.shape[-1] != self.config.feature_width:
             raise ValueError(f"features have width {features.shape[-1]}, this drafter reads "
                              f"{self.config.feature_width} (layers {self.config.feature_layers})")
-        features = features.to(self.fc.weight.dtype)
-        return self.fc(features) if self.config.version == 3 else features
+        return features.to(self.fc.weight.dtype)
+
+    def input_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [..., feature_width] -> the step's ``hidden`` [..., H]."""
+        raise NotImplementedError
+
+    def step_input(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The decoder layer's input [B, T, H] from the tokens' embeddings and the step's ``hidden``."""
+        raise NotImplementedError
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, cache: DraftCache | None = None,
@@ -424,8 +310,7 @@ class EagleHead(DraftVocabulary, Drafter):
         emb = self.embed(input_ids)
         hidden = hidden.to(emb.dtype)
         cos, sin = self.rotary_emb(hidden, position_ids)
-        x = self.fc(torch.cat([emb, hidden], dim=-1)) if self.config.version == 1 else hidden
-        return self.layer(x, emb, cos, sin, attention_mask, cache, ttt)
+        return self.layer(self.step_input(emb, hidden), emb, cos, sin, attention_mask, cache, ttt)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V'] draft logits (map indices with ``to_target_ids``)."""
@@ -434,11 +319,7 @@ class EagleHead(DraftVocabulary, Drafter):
     def projection(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[..., H] -> (the vocabulary projection's input [..., H], its weight [V', H]): ``logits`` is
         ``F.linear`` of the two (the runtime may pick another kernel for the same product)."""
-        if self.config.version == 3:
-            return self.norm(h), self.lm_head.weight
-        if not self._bound:
-            raise RuntimeError("EAGLE-1 scores through the target's lm_head: call head.bind_target(target) first")
-        return h, self._bound[1].to(h.dtype)
+        raise NotImplementedError
 
     @classmethod
     def from_pretrained(cls, folder_or_hub_id, *, version: int | None = None, **kwargs):
@@ -446,7 +327,73 @@ class EagleHead(DraftVocabulary, Drafter):
         head = super().from_pretrained(folder_or_hub_id, **kwargs)
         if not isinstance(head, EagleHead):
             raise ValueError(f"{folder_or_hub_id} holds a {head.config.drafter_type_name} drafter, not an EAGLE head")
+        version = version or cls.version
         if version is not None and head.config.version != version:
             raise ValueError(f"{folder_or_hub_id} holds an EAGLE-{head.config.version} drafter but EAGLE-{version} "
                              f"was asked for; load it with version={head.config.version} (the layouts differ)")
         return head
+
+
+class Eagle1Head(EagleHead):
+    """EAGLE-1/2: ``fc([emb; f])`` into the decoder layer (``layers.0``), scored by the target's lm_head."""
+
+    version = 1
+
+    def _build(self, config: EagleConfig) -> None:
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
+        self.layers = nn.ModuleList([EagleLayer(config)])
+
+    @property
+    def layer(self) -> EagleLayer:
+        return self.layers[0]
+
+    def _bind_rows(self, target_model) -> torch.Tensor:
+        lm_head = target_model.get_output_embeddings()
+        if getattr(lm_head, "bias", None) is not None:
+            raise ValueError("EAGLE-1 scores through the target's lm_head, which must have no bias")
+        rows = self.draft_rows(lm_head.weight.detach())
+        return rows.contiguous() if self.d2t is not None else rows
+
+    def input_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        return self.check_features(features)  # the final-norm feature is the step's hidden as it is
+
+    def step_input(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([emb, hidden], dim=-1))  # [B, T, 2H] -> [B, T, H]
+
+    def projection(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self._bound:
+            raise RuntimeError("EAGLE-1 scores through the target's lm_head: call head.bind_target(target) first")
+        return h, self._bound[1].to(h.dtype)
+
+
+class Eagle3Head(EagleHead):
+    """EAGLE-3: ``fc`` fuses the captured layers, the decoder layer (``midlayer``) reads the normed
+    embedding beside the normed hidden state, then ``norm`` and an own ``lm_head`` (draft vocabulary)."""
+
+    version = 3
+
+    def _build(self, config: EagleConfig) -> None:
+        h = config.hidden_size
+        self.fc = nn.Linear(config.feature_width, h, bias=config.fc_bias)
+        self.midlayer = Eagle3Layer(config)
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, config.output_size, bias=False)
+
+    @property
+    def layer(self) -> Eagle3Layer:
+        return self.midlayer
+
+    def _copy_from_target(self, target_model) -> None:
+        weight = target_model.get_output_embeddings().weight
+        self.lm_head.weight.copy_(self.draft_rows(weight).to(self.lm_head.weight.dtype))
+
+    def input_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.check_features(features))  # [..., k*H] -> [..., H]
+
+    def step_input(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+    def projection(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.norm(h), self.lm_head.weight

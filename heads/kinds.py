@@ -46,13 +46,13 @@ MEDUSA = register_kind(DrafterKind(
     info_fields=("num_heads", "num_layers", "share_lm_head"), describe=_describe_medusa,
     serving="headway.heads.card:medusa_serving"))
 EAGLE1 = register_kind(DrafterKind(
-    name="eagle", title="EAGLE-1/2", drafter_type="eagle", head_class="headway.heads.eagle:EagleHead",
+    name="eagle", title="EAGLE-1/2", drafter_type="eagle", head_class="headway.heads.eagle:Eagle1Head",
     proposer="headway.inference.eagle:EagleProposer",
     training=_EAGLE_TRAINING, exports=("eagle",), imports=_EAGLE_IMPORTS,
     matches=lambda config: config.get("version") == 1, info_fields=_EAGLE_INFO, describe=_describe_eagle1,
     serving="headway.heads.card:eagle1_serving"))
 EAGLE3 = register_kind(DrafterKind(
-    name="eagle3", title="EAGLE-3", drafter_type="eagle", head_class="headway.heads.eagle:EagleHead",
+    name="eagle3", title="EAGLE-3", drafter_type="eagle", head_class="headway.heads.eagle:Eagle3Head",
     proposer="headway.inference.eagle:EagleProposer",
     training=_EAGLE_TRAINING, exports=("sglang", "speculators"), imports=_EAGLE_IMPORTS,
     matches=lambda config: config.get("version", 3) == 3, info_fields=_EAGLE_INFO, describe=_describe_eagle3,

@@ -98,20 +98,21 @@ def kind_of_config(config: dict) -> DrafterKind | None:
 
 
 def kind_of(drafter) -> DrafterKind | None:
-    """The kind of a drafter module (by its class and, among kinds of one class, its config)."""
-    mine = [k for k in _KINDS.values() if isinstance(drafter, k.head)]
-    if len(mine) <= 1 or all(k.matches is None for k in mine):
-        return mine[0] if mine else None
-    data = drafter.config.to_dict()
-    return next((k for k in mine if k.matches is None or k.matches(data)), None)
+    """The kind of a drafter module: the one whose head class is nearest in the module's class ancestry."""
+    for cls in type(drafter).__mro__:
+        for kind in _KINDS.values():
+            if kind.head is cls:
+                return kind
+    return None
 
 
-def drafter_class(drafter_type: str) -> type:
-    """The head class that loads a config.json of ``drafter_type``."""
-    for kind in _KINDS.values():
-        if kind.drafter_type == drafter_type:
-            return kind.head
-    raise ValueError(f"unknown drafter_type {drafter_type!r}; known: {sorted({k.drafter_type for k in _KINDS.values()})}")
+def head_class(config: dict) -> type:
+    """The head class that loads a headway config.json (its dict): its kind's head."""
+    kind = kind_of_config(config)
+    if kind is None:
+        raise ValueError(f"unknown drafter_type {config.get('drafter_type')!r}; "
+                         f"known: {sorted({k.drafter_type for k in _KINDS.values()})}")
+    return kind.head
 
 
 def training_methods() -> dict[str, TrainingMethod]:

@@ -38,12 +38,12 @@ def heldout_accuracy(target, heads, examples: list[dict], batch_size: int = 4) -
     """Per-head held-out loss / top-1 / top-5 of ``heads`` reading ``target``'s final hidden states."""
     heads.bind_target(target)
     totals: dict[str, float] = {}
-    t2d = heads.target_to_draft()
+    draft_index = heads.draft_index()
     for b in range(0, len(examples), batch_size):
         batch = pad_batch(examples[b:b + batch_size])
         hidden = last_hidden_state(target, batch["input_ids"], batch["attention_mask"]).float()
         _, counts = medusa_loss(heads, hidden, batch["input_ids"], batch["loss_mask"],
-                                head_weights(heads.config.num_heads), t2d)
+                                head_weights(heads.config.num_heads), draft_index)
         for k, v in counts.items():
             totals[k] = totals.get(k, 0.0) + float(v)
     return summarize(totals)

@@ -16,7 +16,7 @@ from headway import cli
 from headway.heads import Drafter, load_drafter
 from headway.heads.base import DrafterConfig
 from headway.heads.info import describe_checkpoint
-from headway.heads.registry import (DrafterKind, TrainingMethod, drafter_class, get_kind, kind_of, kind_of_config,
+from headway.heads.registry import (DrafterKind, TrainingMethod, get_kind, head_class, kind_of, kind_of_config,
                                     kinds, register_kind, training_methods, unregister_kind)
 from headway.inference import SpeculativeGenerator, as_proposer
 from headway.inference.proposer import Draft, DraftContext, Proposer
@@ -152,7 +152,7 @@ def test_a_kind_defined_in_a_test_trains_saves_loads_describes_and_generates(toy
 
     head = load_drafter(out)  # the registry's drafter_type -> class
     assert type(head) is BigramHead and head.config.depth == 3 and kind_of(head) is toy_kind
-    assert drafter_class("toy-bigram") is BigramHead
+    assert head_class({"drafter_type": "toy-bigram"}) is BigramHead
 
     info = describe_checkpoint(out)
     assert info["kind"] == "toy" and info["depth"] == 3
@@ -177,14 +177,15 @@ def test_a_kind_defined_in_a_test_trains_saves_loads_describes_and_generates(toy
 def test_headway_kinds_come_from_the_registry():
     from headway.heads import eagle_formats, medusa_formats
     from headway.heads.convert import FORMATS
-    from headway.heads.eagle import EagleHead
+    from headway.heads.eagle import Eagle1Head, Eagle3Head, EagleHead
     from headway.heads.medusa import MedusaHeads
     from headway.inference.eagle import EagleProposer
     from headway.inference.medusa import MedusaProposer
 
     assert [k.name for k in kinds()][:3] == ["medusa", "eagle", "eagle3"]
     medusa, eagle1, eagle3 = get_kind("medusa"), get_kind("eagle"), get_kind("eagle3")
-    assert medusa.head is MedusaHeads and eagle1.head is eagle3.head is EagleHead
+    assert medusa.head is MedusaHeads and eagle1.head is Eagle1Head and eagle3.head is Eagle3Head
+    assert issubclass(Eagle1Head, EagleHead) and issubclass(Eagle3Head, EagleHead)
     assert medusa.exports == medusa_formats.FORMATS and eagle1.exports + eagle3.exports == eagle_formats.FORMATS
     assert all(set(k.exports) <= set(FORMATS) and set(k.imports) <= set(FORMATS) for k in kinds())
     assert kind_of_config({"drafter_type": "eagle", "version": 1}) is eagle1

@@ -80,14 +80,14 @@ class EagleTrainingModule(torch.nn.Module):
         self.layers = needed_layers(head.config, self.depth)
         rows = head.draft_rows(target.get_output_embeddings().weight.detach())
         self.register_buffer("target_rows", rows.float().contiguous(), persistent=False)  # [V', H]
-        self.register_buffer("t2d", head.target_to_draft(), persistent=False)  # [V] or None
+        self.register_buffer("draft_index", head.draft_index(), persistent=False)  # [V] or None
 
     def forward(self, batch: dict[str, torch.Tensor]):
         feats, argmax = batch.get("features"), batch.get("argmax")
         cfg, hsz = self.head.config, self.head.config.hidden_size
         if feats is None:  # online: hooks on the frozen target
             target = self._target[0]
-            if cfg.version == 3 or self.t2d is not None:
+            if cfg.version == 3 or self.draft_index is not None:
                 feats, logits = capture_features(target, batch["input_ids"], self.layers, batch["attention_mask"],
                                                  with_logits=True)
                 argmax = logits.argmax(-1)
@@ -101,12 +101,12 @@ class EagleTrainingModule(torch.nn.Module):
         if argmax is not None:
             argmax = torch.where(argmax >= 0, argmax, batch["input_ids"])  # padding (-1): masked by loss_mask anyway
         if cfg.version == 1:
-            return eagle1_loss(self.head, final, batch["input_ids"], batch["loss_mask"], self.target_rows, self.t2d,
+            return eagle1_loss(self.head, final, batch["input_ids"], batch["loss_mask"], self.target_rows, self.draft_index,
                                noise=self.loss.noise if self.training else 0.0, ce_weight=self.loss.ce_weight,
                                reg_weight=self.loss.reg_weight, argmax=argmax, chunk_size=self.loss.chunk_size)
         fused = feats[..., :cfg.feature_width]  # the feature layers come first, in their order
         return eagle3_loss(self.head, fused, final, batch["input_ids"], batch["loss_mask"], self.target_rows,
-                           self.t2d, argmax, steps=self.loss.ttt_steps, decay=self.loss.decay,
+                           self.draft_index, argmax, steps=self.loss.ttt_steps, decay=self.loss.decay,
                            chunk_size=self.loss.chunk_size)
 
 

@@ -54,13 +54,13 @@ def _nothing(prefix: str, n: torch.Tensor, extra: dict | None = None) -> dict[st
 
 
 def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                target_rows: torch.Tensor, t2d: torch.Tensor | None, *, noise: float = 0.1,
+                target_rows: torch.Tensor, draft_index: torch.Tensor | None, *, noise: float = 0.1,
                 ce_weight: float = 0.1, reg_weight: float = 1.0,
                 generator: torch.Generator | None = None, argmax: torch.Tensor | None = None,
                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, dict]:
     """features: [B, T, H] the target's final-norm hidden states; input_ids, loss_mask: [B, T];
     target_rows: [V', H] the target lm_head rows of the draft vocabulary (EAGLE-1 drafts through
-    them too); t2d: [V] target id -> draft index (-1 outside) or None; chunk_size: rows per chunk
+    them too); draft_index: [V] target id -> draft index (-1 outside) or None; chunk_size: rows per chunk
     of the fused cross-entropy (0: unchunked)."""
     b, t, _ = features.shape
     f = features.float()
@@ -83,8 +83,8 @@ def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask
         return zero, _nothing("step0", n)
     reg = F.smooth_l1_loss(h, want, reduction="none").mean(-1)  # [n]
     labels = None  # the counts' labels: the target's choice among the draft vocabulary ...
-    if t2d is not None and argmax is not None:  # ... or its own full-vocabulary choice: outside, a miss
-        labels = t2d[argmax[:, 1:-1][mask].clamp_min(0)]
+    if draft_index is not None and argmax is not None:  # ... or its own full-vocabulary choice: outside, a miss
+        labels = draft_index[argmax[:, 1:-1][mask].clamp_min(0)]
     # q = softmax(lm_head h) against p = softmax(lm_head f[t+1]), both through the target's rows
     ce_sum, top1, top5 = linear_cross_entropy(h, target_rows.to(h.dtype), labels, target=(want, target_rows),
                                               project=head.logits, chunk_size=chunk_size)
@@ -93,7 +93,7 @@ def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask
 
 
 def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: torch.Tensor,
-                loss_mask: torch.Tensor, target_rows: torch.Tensor, t2d: torch.Tensor | None,
+                loss_mask: torch.Tensor, target_rows: torch.Tensor, draft_index: torch.Tensor | None,
                 argmax: torch.Tensor | None = None, *, steps: int = 7,
                 decay: float = 0.8, chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, dict]:
     """features: [B, T, F] the fused target layers; last: [B, T, H] the target's final-norm hidden
@@ -111,10 +111,10 @@ def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: tor
         counted[:, :n - 1] = loss_mask[:, 2:].bool()  # x[t+2] exists and is an assistant token
         chosen = argmax[:, 1:] if argmax is not None else torch.cat([input_ids[:, 2:], input_ids[:, -1:]], 1)
         valid = counted.clone()
-        if t2d is not None:
-            valid &= t2d[chosen.clamp_min(0)] >= 0  # the loss learns where the target's choice is in the draft vocabulary
+        if draft_index is not None:
+            valid &= draft_index[chosen.clamp_min(0)] >= 0  # the loss learns where the target's choice is in the draft vocabulary
         # accuracy labels: the target's argmax at position t+1 (draft index; -1 outside the draft vocabulary: a miss)
-        labels_all = t2d[chosen.clamp_min(0)] if t2d is not None else chosen
+        labels_all = draft_index[chosen.clamp_min(0)] if draft_index is not None else chosen
         # the target's log-probabilities over the draft vocabulary at positions 1 .. T-1, projected once
         # for every unrolled step (step i reads row t+i): [B, N, V'], B*N*V' floats while the loss runs
         t_logp = F.linear(last[:, 1:].float(), target_rows.float()).log_softmax(-1)

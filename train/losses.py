@@ -29,13 +29,13 @@ def head_weights(num_heads: int, decay: float = 0.8, weights: list[float] | None
 
 
 def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                weights: list[float], t2d: torch.Tensor | None = None,
+                weights: list[float], draft_index: torch.Tensor | None = None,
                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted Medusa loss and per-head counts.
 
     hidden: [B, T, H] target features; input_ids, loss_mask: [B, T]. Head k at position t is
     trained on token t+k+2 where that token is an assistant token (loss_mask 1). With a reduced
-    draft vocabulary, ``t2d`` [V] maps target ids to draft indices (-1 outside): such labels carry
+    draft vocabulary, ``draft_index`` [V] maps target ids to draft indices (-1 outside): such labels carry
     no loss but count as misses in the accuracy, which stays comparable with a full vocabulary.
     ``chunk_size``: rows per chunk of the fused loss; 0 materialises every head's [n, V] logits
     (the plain path: same values, memory growing with heads x vocabulary).
@@ -48,8 +48,8 @@ def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask:
         mask = loss_mask[:, shift:].reshape(-1).bool()  # [N] (empty when T <= shift)
         feats = hidden[:, :-shift].reshape(-1, hidden.shape[-1])[mask]  # [n, H]: only rows that count
         labels = input_ids[:, shift:].reshape(-1)[mask]  # [n]
-        if t2d is not None:
-            labels = t2d[labels]  # -1: not in the draft vocabulary
+        if draft_index is not None:
+            labels = draft_index[labels]  # -1: not in the draft vocabulary
         n = mask.sum()
         if feats.shape[0] == 0:
             # keep every head's parameters in the graph (zero gradient): DDP needs each one reduced

@@ -67,14 +67,14 @@ class MedusaTrainingModule(torch.nn.Module):
         self._target = (target,)  # not a submodule: never wrapped, saved or trained
         self.weights = weights
         self.chunk_size = chunk_size
-        self.register_buffer("t2d", heads.target_to_draft(), persistent=False)  # None for a full vocabulary
+        self.register_buffer("draft_index", heads.draft_index(), persistent=False)  # None for a full vocabulary
 
     def forward(self, batch: dict[str, torch.Tensor]):
         hidden = batch.get("features")  # cached: the final-norm layer only
         if hidden is None:
             hidden = last_hidden_state(self._target[0], batch["input_ids"], batch["attention_mask"])
         hidden = hidden.float()  # cached features may be stored in half precision
-        return medusa_loss(self.heads, hidden, batch["input_ids"], batch["loss_mask"], self.weights, self.t2d,
+        return medusa_loss(self.heads, hidden, batch["input_ids"], batch["loss_mask"], self.weights, self.draft_index,
                            chunk_size=self.chunk_size)
 
 

@@ -182,7 +182,7 @@ class Medusa2TrainingModule(torch.nn.Module):
         self.chunk_size = chunk_size  # rows per chunk of the heads' fused loss (loss.chunk_size)
         self.lam = 0.0  # set per optimizer step by Medusa2Method.set_step
         self.heads_only = False
-        self.register_buffer("t2d", heads.target_to_draft(), persistent=False)
+        self.register_buffer("draft_index", heads.draft_index(), persistent=False)
 
     def forward(self, batch: dict[str, torch.Tensor]):
         ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
@@ -190,7 +190,7 @@ class Medusa2TrainingModule(torch.nn.Module):
         heads_only = self.heads_only and self.training
         with torch.no_grad() if heads_only else contextlib.nullcontext():
             hidden = final_hidden(model, ids, attn)  # [B, T, H], adapters on
-        head_loss, counts = medusa_loss(self.heads, hidden.float(), ids, mask, self.weights, self.t2d,
+        head_loss, counts = medusa_loss(self.heads, hidden.float(), ids, mask, self.weights, self.draft_index,
                                         chunk_size=self.chunk_size)
         n0 = counts["head0/count"].float()
         if heads_only:  # adapters untouched: tuned == original here, the KL would be 0

@@ -76,6 +76,26 @@ def test_shapes_and_state_dict_names(target, version):
     assert h.shape == (2, 6, 64) and head.logits(h).shape == (2, 6, head.config.output_size)
 
 
+def test_two_classes_over_one_layer_module(target):
+    """EagleHead(config) is the class config.version names; each class refuses the other's config;
+    copies keep the class; the layer module is shared (EAGLE-3's differs only in its attention input)."""
+    import copy
+
+    from headway.heads.eagle import Eagle1Head, Eagle3Head
+    from headway.heads.eagle_layer import Eagle3Layer, EagleLayer
+
+    h1, h3 = make_head(target, 1), make_head(target, 3)
+    assert type(h1) is Eagle1Head and type(h3) is Eagle3Head and isinstance(h3, EagleHead)
+    assert type(h1.layer) is EagleLayer and type(h3.layer) is Eagle3Layer and isinstance(h3.layer, EagleLayer)
+    assert type(EagleHead(h1.config)) is Eagle1Head
+    assert type(Eagle3Head.from_target(target)) is Eagle3Head and type(Eagle1Head.from_target(target)) is Eagle1Head
+    with pytest.raises(ValueError, match="Eagle1Head is EAGLE-1 but the config says version=3"):
+        Eagle1Head(h3.config)
+    twin = copy.deepcopy(h3)
+    assert type(twin) is Eagle3Head and all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(),
+                                                                               h3.state_dict().values()))
+
+
 def test_short_sequences_in_training_time_test(target):
     """Batches shorter than the unrolled depth: deeper steps see only padding and count nothing."""
     from headway.train.eagle_losses import eagle3_loss
@@ -85,7 +105,7 @@ def test_short_sequences_in_training_time_test(target):
         ids = torch.randint(5, 125, (2, t))
         feats = capture_features(target, ids, [0, 1, 2]).float()
         loss, counts = eagle3_loss(head, feats, feats[..., -64:], ids, torch.ones_like(ids),
-                                   head.draft_rows(target.lm_head.weight).float(), head.target_to_draft(), steps=7)
+                                   head.draft_rows(target.lm_head.weight).float(), head.draft_index(), steps=7)
         loss.backward()
         assert torch.isfinite(loss) and all(int(counts[f"step{i}/count"]) == 0 for i in range(max(t - 2, 0), 7)
                                             if f"step{i}/count" in counts)

@@ -150,8 +150,8 @@ def test_reduced_draft_vocabulary(tiny_llama, tmp_path, share):
     # at init each head equals the target's logits restricted to the draft tokens
     torch.testing.assert_close(logits[0], target.lm_head(hidden)[..., ids])
     assert heads.to_target_ids(torch.tensor([0, 4])).tolist() == [3, 100]
-    t2d = heads.target_to_draft()
-    assert t2d.shape == (V,) and t2d[100] == 4 and t2d[0] == -1
+    draft_index = heads.draft_index()
+    assert draft_index.shape == (V,) and draft_index[100] == 4 and draft_index[0] == -1
     heads.save_pretrained(tmp_path)
     loaded = load_drafter(tmp_path).bind_target(target)
     assert torch.equal(loaded.draft_token_ids, ids)

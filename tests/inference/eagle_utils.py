@@ -32,17 +32,17 @@ def train_eagle(target, version: int, seed: int = 0, steps: int = 150, low: int 
     last = feats[..., -target.config.hidden_size:]
     head.bind_target(target)  # the bound embedding / lm_head rows are cast per use
     rows = head.draft_rows(target.get_output_embeddings().weight.detach()).float()
-    t2d = head.target_to_draft()
+    draft_index = head.draft_index()
     mask = torch.zeros_like(seqs)
     mask[:, 6:] = 1
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3, betas=(0.9, 0.95))
     for _ in range(steps):
         idx = torch.randint(0, seqs.shape[0], (32,), generator=g)
         if version == 1:
-            loss, _ = eagle1_loss(head, last[idx], seqs[idx], mask[idx], rows, t2d, generator=g)
+            loss, _ = eagle1_loss(head, last[idx], seqs[idx], mask[idx], rows, draft_index, generator=g)
         else:
             loss, _ = eagle3_loss(head, feats[idx][..., :head.config.feature_width], last[idx], seqs[idx], mask[idx],
-                                  rows, t2d, steps=3)
+                                  rows, draft_index, steps=3)
         opt.zero_grad()
         loss.backward()
         opt.step()

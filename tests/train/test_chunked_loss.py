@@ -180,15 +180,15 @@ def test_medusa_loss_chunked_equals_plain(tiny_llama, variant):
     ids = torch.randint(0, vocab, (2, 9))
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
-    t2d = heads.target_to_draft()
+    draft_index = heads.draft_index()
 
     def run(chunk):
-        return medusa_loss(heads, hidden, ids, mask, [1.0, 0.8, 0.64], t2d, chunk_size=chunk)
+        return medusa_loss(heads, hidden, ids, mask, [1.0, 0.8, 0.64], draft_index, chunk_size=chunk)
 
     plain, fused = _loss_and_grads(heads, run, 0), _loss_and_grads(heads, run, 3)
     _assert_same(plain, fused)
     if variant == "draft_vocab":
-        assert any(int(c) >= 0 for c in t2d[ids.flatten()]) and bool((t2d[ids.flatten()] < 0).any())
+        assert any(int(c) >= 0 for c in draft_index[ids.flatten()]) and bool((draft_index[ids.flatten()] < 0).any())
     assert ("lm_heads.0.weight" in fused[2]) == (variant != "shared")
 
 
@@ -211,12 +211,12 @@ def test_eagle_losses_chunked_equal_plain(tiny_llama, version):
         feats, logits = capture_features(target, ids, layers, with_logits=True)
     last = feats[..., -64:]
     rows = head.draft_rows(target.lm_head.weight.detach()).float()
-    t2d = head.target_to_draft()
+    draft_index = head.draft_index()
 
     def run(chunk):
         if version == 1:
-            return eagle1_loss(head, last, ids, mask, rows, t2d, noise=0.0, chunk_size=chunk)
-        return eagle3_loss(head, feats[..., :head.config.feature_width], last, ids, mask, rows, t2d,
+            return eagle1_loss(head, last, ids, mask, rows, draft_index, noise=0.0, chunk_size=chunk)
+        return eagle3_loss(head, feats[..., :head.config.feature_width], last, ids, mask, rows, draft_index,
                            logits.argmax(-1), steps=3, chunk_size=chunk)
 
     _assert_same(_loss_and_grads(head, run, 0), _loss_and_grads(head, run, 4))

@@ -1,0 +1,157 @@
+"""The decoder layer both EAGLE drafters run, and what it needs: attention with the drafter's own
+key/value cache, and the training-time test's unrolled keys (EAGLE-3).
+
+``EagleLayer`` is EAGLE-1's layer; ``Eagle3Layer`` differs only in what its attention reads
+(``attention_input``). Both take the drafter's ``EagleConfig`` (``headway.heads.eagle``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class DraftCache:
+    """The drafter's own key/value cache (one layer): ``[B, Hkv, S, D]`` tensors, cropped on roll-back."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
+        self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
+        return self.keys, self.values
+
+    def crop(self, length: int) -> None:
+        if self.keys is not None and self.keys.shape[2] > length:
+            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
+
+
+def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    # [B, Hkv, S, D] -> [B, Hkv * groups, S, D]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+class EagleAttention(nn.Module):
+    """Llama self-attention whose q/k/v read ``in_width`` features (2H for EAGLE-3)."""
+
+    def __init__(self, cfg, in_width: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(in_width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(in_width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(in_width, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask=None, cache: DraftCache | None = None, ttt: TTTKeys | None = None):
+        # x: [B, T, in_width]; cos/sin: [B, T, D]; mask: additive [B or 1, 1, T, S] or None (causal)
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        groups = self.heads // self.kv_heads
+        if ttt:  # an unrolled step i > 0: step-0 keys causally + the key each step wrote at this position
+            out = _ttt_attention(q, k, v, ttt, groups)
+            ttt.append((k, v))
+        else:
+            if ttt is not None:
+                ttt.append((k, v))
+            if cache is not None:
+                k, v = cache.append(k, v)
+            s = k.shape[2]
+            if mask is None and t > 1 and s > t:  # causal after a cached prefix
+                mask = torch.full((t, s), float("-inf"), dtype=q.dtype, device=q.device).triu_(s - t + 1)[None, None]
+            out = F.scaled_dot_product_attention(q, _expand_kv(k, groups), _expand_kv(v, groups),
+                                                 attn_mask=None if mask is None else mask.to(q.dtype),
+                                                 is_causal=mask is None and t > 1)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class TTTKeys:
+    """The keys and values each unrolled training-time-test step wrote: [(k_j, v_j)] for steps 0..i-1.
+
+    Deliberately not a list: module hooks that re-wrap tensor arguments (DeepSpeed ZeRO-3's) rebuild
+    list and tuple arguments, so a plain list passed down would lose the steps appended inside."""
+
+    def __init__(self):
+        self.steps: list = []
+
+    def append(self, kv) -> None:
+        self.steps.append(kv)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, i):
+        return self.steps[i]
+
+
+def _ttt_attention(q, k, v, steps: list, groups: int) -> torch.Tensor:
+    """Attention of unrolled step i = len(steps) (EAGLE-3 training-time test).
+
+    q, k, v: [B, H or Hkv, T, D] of this step; steps: [(k_j, v_j)] of steps 0..i-1. Position t sees
+    step 0's keys at positions <= t (causal) and, of every later step including this one, only the
+    key at t itself (the diagonal): exactly what a depth-i tree node sees at inference.
+    """
+    scale = q.shape[-1] ** -0.5
+    k0, v0 = _expand_kv(steps[0][0], groups), _expand_kv(steps[0][1], groups)
+    t = q.shape[2]
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril_()
+    s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, H, T, T]
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    diag_k = [_expand_kv(kj, groups) for kj, _ in steps[1:]] + [_expand_kv(k, groups)]
+    diag_v = [_expand_kv(vj, groups) for _, vj in steps[1:]] + [_expand_kv(v, groups)]
+    sd = torch.stack([(q * kj).sum(-1) * scale for kj in diag_k], dim=-1)  # [B, H, T, i]
+    acc = torch.promote_types(q.dtype, torch.float32)  # softmax in at least fp32 (bf16 training)
+    weights = torch.cat([s0, sd], dim=-1).to(acc).softmax(-1).to(q.dtype)  # [B, H, T, T + i]
+    out = weights[..., :t] @ v0  # [B, H, T, D]
+    for j, vj in enumerate(diag_v):
+        out = out + weights[..., t + j, None] * vj
+    return out
+
+
+class EagleLayer(nn.Module):
+    """The drafter's decoder layer, as EAGLE-1 has it: no input norm; q/k/v and the residual read the
+    layer input x (the head's ``fc([emb; f])``); then the post-attention norm and the MLP."""
+
+    def __init__(self, cfg, attention_width: int | None = None):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+        h = cfg.hidden_size
+        self.self_attn = EagleAttention(cfg, attention_width or h)
+        self.mlp = LlamaMLP(cfg.llama_config())
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+
+    def attention_input(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        # x: [B, T, H] -> what q/k/v read
+        return x
+
+    def forward(self, x, emb, cos, sin, mask=None, cache=None, ttt=None):
+        # x: [B, T, H] the layer input; emb: [B, T, H] the tokens' embeddings
+        x = x + self.self_attn(self.attention_input(x, emb), cos, sin, mask, cache, ttt)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Eagle3Layer(EagleLayer):
+    """EAGLE-3's decoder layer: q/k/v read ``[input_layernorm(emb); hidden_norm(h)]`` (2H wide), the
+    residual runs on h (norm_before_residual false)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg, attention_width=2 * cfg.hidden_size)
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def attention_input(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        # x, emb: [B, T, H] -> [B, T, 2H]
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(x)], dim=-1)
