@@ -213,7 +213,7 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
     def save_pretrained(self, save_directory, *, config=None, metrics: dict | None = None, **kwargs):
         """Write config.json, model.safetensors and a model card README.md into ``save_directory``
         (the card reads ``metrics`` and any run_config.json / benchmark.json already there)."""
-        from headway.heads.card import model_card
+        from headway.heads.hub.card import model_card
 
         if kwargs.pop("push_to_hub", False):
             raise ValueError("save_pretrained(push_to_hub=True) is not supported: save, then call push_to_hub(repo_id)")
@@ -247,7 +247,7 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
             return push(tmp, repo_id, private=private, token=token, revision=revision, commit_message=commit_message)
 
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
-        from headway.heads.card import model_card_text
+        from headway.heads.hub.card import model_card_text
 
         return ModelCard(model_card_text(self.config.to_dict()))
 

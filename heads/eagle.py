@@ -32,7 +32,7 @@ from torch import nn
 
 from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary, check_target_compatible
 from headway.heads.eagle_layer import DraftCache, Eagle3Layer, EagleAttention, EagleLayer, TTTKeys  # noqa: F401
-from headway.heads.features import check_feature_layers, num_layers
+from headway.heads.target.features import check_feature_layers, num_layers
 
 
 def default_feature_layers(version: int, depth: int) -> list[int]:

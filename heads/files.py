@@ -1,7 +1,9 @@
 """Writing files atomically and readable by others.
 
 Readers see the old file or the new one, never half of one: each write goes to a temporary name in
-the same folder and is moved onto its own. Every file and folder ends with the umask's usual mode
+the same folder and is moved onto its own (``atomic_file``); a folder is filled beside its place and
+moved in whole (``atomic_folder`` / ``publish_folder``). Every atomic write in headway goes through
+these. Every file and folder ends with the umask's usual mode
 (0644 / 0755 under umask 022), not the 0600 / 0700 that temporary files and folders are created
 with; safetensors itself writes through such a file. A cluster team shares output folders, and a
 serving engine may run as another user.
@@ -10,6 +12,7 @@ serving engine may run as another user.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -68,3 +71,44 @@ def temporary_folder(beside, prefix: str) -> Path:
     beside = Path(beside)
     beside.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=beside.parent))
+
+
+def publish_folder(tmp, out, *, replace: bool) -> bool:
+    """Move the filled folder ``tmp`` onto ``out``, shared (see :func:`share`); True when it moved.
+
+    Where ``out`` exists: with ``replace`` its old contents are moved aside, then removed (and put
+    back if the move fails); without, ``tmp`` is removed and False returned (another process made
+    ``out`` first)."""
+    tmp, out = Path(tmp), Path(out)
+    share(tmp)
+    if out.exists() and not replace:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    old = None
+    if out.exists():
+        old = temporary_folder(out, f".{out.name}.old-")
+        os.replace(out, old)  # onto an empty folder: allowed
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if old is not None and not out.exists():
+            os.replace(old, out)  # put the previous contents back
+            old = None
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return True
+
+
+@contextmanager
+def atomic_folder(out, prefix: str, *, replace: bool) -> Iterator[Path]:
+    """A new empty folder beside ``out`` to fill; when the block ends without an error it is moved onto
+    ``out`` (:func:`publish_folder`); otherwise it is removed."""
+    tmp = temporary_folder(out, prefix)
+    try:
+        yield tmp
+        publish_folder(tmp, out, replace=replace)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from headway.heads.registry import DrafterKind, TrainingMethod, register_kind
 
-# The layouts of headway.heads.medusa_formats / eagle_formats (written out: the registry imports no torch;
+# The layouts of headway.heads.formats.medusa / eagle_formats (written out: the registry imports no torch;
 # tests/heads/test_registry.py checks they are those modules' FORMATS)
 MEDUSA_FORMATS = ("medusa-v0.1", "medusa-v2", "vllm-medusa")
 EAGLE_FORMATS = ("eagle", "sglang", "speculators")
@@ -44,16 +44,16 @@ MEDUSA = register_kind(DrafterKind(
                                         "medusa2/tiny")},
     exports=MEDUSA_FORMATS, imports=MEDUSA_FORMATS,
     info_fields=("num_heads", "num_layers", "share_lm_head"), describe=_describe_medusa,
-    serving="headway.heads.card:medusa_serving"))
+    serving="headway.heads.hub.card:medusa_serving"))
 EAGLE1 = register_kind(DrafterKind(
     name="eagle", title="EAGLE-1/2", drafter_type="eagle", head_class="headway.heads.eagle:Eagle1Head",
     proposer="headway.inference.eagle:EagleProposer",
     training=_EAGLE_TRAINING, exports=("eagle",), imports=_EAGLE_IMPORTS,
     matches=lambda config: config.get("version") == 1, info_fields=_EAGLE_INFO, describe=_describe_eagle1,
-    serving="headway.heads.card:eagle1_serving"))
+    serving="headway.heads.hub.card:eagle1_serving"))
 EAGLE3 = register_kind(DrafterKind(
     name="eagle3", title="EAGLE-3", drafter_type="eagle", head_class="headway.heads.eagle:Eagle3Head",
     proposer="headway.inference.eagle:EagleProposer",
     training=_EAGLE_TRAINING, exports=("sglang", "speculators"), imports=_EAGLE_IMPORTS,
     matches=lambda config: config.get("version", 3) == 3, info_fields=_EAGLE_INFO, describe=_describe_eagle3,
-    serving="headway.heads.card:eagle3_serving"))
+    serving="headway.heads.hub.card:eagle3_serving"))

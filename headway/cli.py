@@ -296,7 +296,7 @@ class FormatChoices:
 
     def formats(self) -> tuple[str, ...] | None:
         try:
-            return tuple(need("headway.heads.convert", "headway convert").FORMATS)
+            return tuple(need("headway.heads.formats.convert", "headway convert").FORMATS)
         except ValueError:
             return None
 
@@ -309,7 +309,7 @@ class FormatChoices:
 
 
 def run_convert(args) -> int:
-    convert = need("headway.heads.convert", "headway convert")
+    convert = need("headway.heads.formats.convert", "headway convert")
     options = {k: getattr(args, k) for k in ("vocab_size", "num_target_layers", "speculative_tokens")
                if getattr(args, k) is not None}
     out = convert.convert(args.src, args.dst, to=args.to, fmt_from=args.fmt_from, overwrite=args.overwrite,
@@ -327,7 +327,7 @@ def run_push(args) -> int:
 
 
 def run_info(args) -> int:
-    info = need("headway.heads.info", "headway info")
+    info = need("headway.heads.hub.info", "headway info")
     found = info.describe_checkpoint(args.path)
     sys.stdout.write(json.dumps(found, indent=2) + "\n" if args.json else info.render_text(found))
     return 0

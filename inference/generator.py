@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from headway.heads.features import FeatureCapture
+from headway.heads.target.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
 from headway.inference.proposer import Draft, DraftContext, as_proposer, root_draft
 from headway.inference.kv_cache import compact_cache, new_cache

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from headway.heads.features import num_layers
+from headway.heads.target.features import num_layers
 from headway.heads.medusa import MedusaHeads
 from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
 from headway.inference.tree import Tree, load_tree

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from headway.heads.features import check_feature_layers, num_layers
+from headway.heads.target.features import check_feature_layers, num_layers
 from headway.heads.target import load_target
 from headway.heads.registry import resolve, training_methods
 from headway.train.config import ConfigError, apply_overrides, from_dict, read_yaml

@@ -20,14 +20,14 @@ def _isolated_env(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_llama():
-    from headway.heads.tiny import build_tiny_target
+    from headway.heads.target.tiny import build_tiny_target
 
     return build_tiny_target("llama", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2():
-    from headway.heads.tiny import build_tiny_target
+    from headway.heads.target.tiny import build_tiny_target
 
     return build_tiny_target("qwen2", seed=1)
 

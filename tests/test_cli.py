@@ -28,7 +28,7 @@ def installed(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory) -> Path:
     """A tiny Llama folder with its tokenizer (chat template included), as a user's model folder."""
-    from headway.heads.tiny import build_tiny_target
+    from headway.heads.target.tiny import build_tiny_target
 
     folder = tmp_path_factory.mktemp("cli-target") / "tiny-llama"
     model, tokenizer = build_tiny_target("llama", seed=0)

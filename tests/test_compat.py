@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from headway.heads import EagleHead, MedusaHeads, load_drafter
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.tiny import build_tiny_target
 from headway.heads.eagle import Eagle1Head, Eagle3Head
 from headway.inference import SpeculativeGenerator
 

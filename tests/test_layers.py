@@ -85,3 +85,40 @@ def test_every_package_folder_is_checked():
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     assert {folder for folder in mapping.values()} == set(FOLDERS)
     assert modules()
+
+
+# Rooms of the ground floor (heads/): what each may import of headway.heads besides itself
+HEADS_ROOMS = {
+    "target": {"files", "values", "target"},  # target loading, tiny targets, feature hooks: nothing above
+    "formats": {"base", "medusa", "eagle", "eagle_layer", "registry", "kinds", "files", "values", "target",
+                "formats"},  # the drafters, never the Hub / card / info
+    "drafters": {"base", "medusa", "eagle", "eagle_layer", "registry", "kinds", "files", "values", "target",
+                 "hub"},  # the drafter modules and the registry: Hub I/O is theirs (save_pretrained, push_to_hub)
+}
+
+
+def room_of(path: Path) -> str:
+    parts = path.relative_to(ROOT / "heads").parts
+    return parts[0] if len(parts) > 1 else "drafters"
+
+
+def test_the_ground_floor_rooms():
+    bad = []
+    for path in sorted((ROOT / "heads").rglob("*.py")):
+        if path == ROOT / "heads" / "convert.py":  # the 0.1 path of the converters, kept for old model cards
+            continue
+        room = room_of(path)
+        if room not in HEADS_ROOMS:
+            continue
+        for line, name in headway_imports(ast.parse(path.read_text(), str(path))):
+            parts = name.split(".")
+            if parts[:2] == ["headway", "heads"] and len(parts) > 2 and parts[2] not in HEADS_ROOMS[room]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {name} (heads/{room} may import "
+                           f"{sorted(HEADS_ROOMS[room])} of headway.heads)")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_package_module_is_over_500_lines():
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for _, path in modules()
+            if (n := len(path.read_text().splitlines())) > 500]
+    assert not long, "split these by concern:\n" + "\n".join(long)

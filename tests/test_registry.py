@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from headway import cli
 from headway.heads import Drafter, load_drafter
 from headway.heads.base import DrafterConfig
-from headway.heads.info import describe_checkpoint
+from headway.heads.hub.info import describe_checkpoint
 from headway.heads.registry import (DrafterKind, TrainingMethod, get_kind, head_class, kind_of, kind_of_config,
                                     kinds, register_kind, training_methods, unregister_kind)
 from headway.inference import SpeculativeGenerator, as_proposer
@@ -175,8 +175,8 @@ def test_a_kind_defined_in_a_test_trains_saves_loads_describes_and_generates(toy
 
 
 def test_headway_kinds_come_from_the_registry():
-    from headway.heads import eagle_formats, medusa_formats
-    from headway.heads.convert import FORMATS
+    from headway.heads.formats import eagle as eagle_formats, medusa as medusa_formats
+    from headway.heads.formats.convert import FORMATS
     from headway.heads.eagle import Eagle1Head, Eagle3Head, EagleHead
     from headway.heads.medusa import MedusaHeads
     from headway.inference.eagle import EagleProposer

@@ -9,7 +9,6 @@ none; resume picks the newest whole one.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from headway.heads.files import share
+from headway.heads.files import publish_folder
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -76,9 +75,7 @@ def save_checkpoint(root: Path, step: int, *, model_state: dict[str, torch.Tenso
     barrier()
     if is_main:
         (tmp / "state.json").write_text(json.dumps(loop_state, indent=2))  # written last: marks completeness
-        share(tmp)  # safetensors writes 0600 files: a team sharing the run folder reads them too
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        publish_folder(tmp, final, replace=True)  # shared: a team sharing the run folder reads them too
         for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     barrier()

@@ -16,7 +16,7 @@ from typing import Callable
 from accelerate.utils import set_seed
 
 from headway.configs import resolve_config
-from headway.heads.features import num_layers
+from headway.heads.target.features import num_layers
 from headway.heads.target import check_model_name, freeze, load_target
 from headway.heads.base import read_config_file, resolve_folder
 from headway.train.config import ConfigError, load_config, to_dict

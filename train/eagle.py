@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from headway.heads.eagle import EagleConfig, EagleHead
-from headway.heads.features import capture_features, num_layers
+from headway.heads.target.features import capture_features, num_layers
 from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
 from headway.train.data import DataConfig

@@ -4,7 +4,7 @@ Medusa and EAGLE-1 read the target's last hidden state (after the final norm, so
 ``lm_head(h) == logits``, layer id ``L``); EAGLE-3 reads several layers at once (e.g. the inputs of
 layers 2, L//2 and L-3) plus, for its loss mask, the target's own next-token choice. Computing
 them needs a full frozen forward of the target; caching them to disk lets a drafter train for
-many epochs without running the target again. Layer ids follow ``headway.heads.features``.
+many epochs without running the target again. Layer ids follow ``headway.heads.target.features``.
 
 Cache layout (``out_dir``): ``index.json`` (what was cached, from which target, tokenizer, layers
 and data; see ``feature_fingerprint``) and ``shard-00000.safetensors`` ... each holding, for the
@@ -41,7 +41,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from headway.heads.features import capture_features, check_feature_layers, num_layers
+from headway.heads.target.features import capture_features, check_feature_layers, num_layers
 from headway.heads.files import atomic_write_text, save_safetensors
 from headway.train.launch import my_units, rank_and_world, wait_for_everyone
 

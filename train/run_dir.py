@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from headway.heads.card import RUN_CONFIG_NAME
+from headway.heads.hub.card import RUN_CONFIG_NAME
 from headway.heads.files import atomic_write_text
 from headway.train import checkpoint as ckpt
 

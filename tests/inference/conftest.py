@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from headway.heads import MedusaHeads
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.tiny import build_tiny_target
 from spec_utils import make_prompts, noisy_copy, reference_generate, train_medusa
 
 FAMILY_SEEDS = {"llama": 0, "qwen2": 1}

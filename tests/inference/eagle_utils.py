@@ -7,7 +7,7 @@ import torch
 
 from headway.heads import EagleHead
 from headway.heads.eagle import DraftCache
-from headway.heads.features import capture_features
+from headway.heads.target.features import capture_features
 from headway.inference.verify import probs
 from headway.train.eagle_losses import eagle1_loss, eagle3_loss
 

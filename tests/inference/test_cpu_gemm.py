@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.tiny import build_tiny_target
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator
 from headway.inference import cpu_gemm
 from headway.inference.cpu_gemm import few_rows_linear, is_packed, pack_linears, packing_available, unpack_linears

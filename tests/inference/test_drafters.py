@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from headway.heads import MedusaConfig, MedusaHeads, load_drafter
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.tiny import build_tiny_target
 from headway.inference import (DraftContext, DraftModelProposer, MedusaProposer, PromptLookup, SpeculativeGenerator,
                                as_proposer, load_tree)
 from headway.inference.prompt_lookup import build_trie, find_continuations

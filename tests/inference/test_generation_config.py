@@ -17,7 +17,7 @@ import torch
 from transformers import GenerationConfig, TextStreamer
 
 from headway.heads import MedusaConfig, MedusaHeads
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.tiny import build_tiny_target
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator
 from spec_utils import noisy_copy, reference_generate
 
@@ -151,7 +151,7 @@ def test_absolute_positions_stay_inside_the_context():
 def test_draft_model_with_padded_embeddings_is_accepted(family):
     """Same tokenizer, embedding padded by 8 rows (as Qwen2.5-0.5B vs 7B): accepted when the
     tokenizers show the shared vocabulary; padding ids are never proposed; output unchanged."""
-    from headway.heads.tiny import tiny_tokenizer
+    from headway.heads.target.tiny import tiny_tokenizer
 
     target, tokenizer = build_tiny_target(family.name, seed=5)
     draft = noisy_copy(target, seed=5)

@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.tiny import build_tiny_target
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator
 
 
@@ -107,7 +107,7 @@ def test_draft_model_with_another_tokenizer_is_refused(tmp_path):
     """Same vocabulary size, different token ids: refused by comparing the saved tokenizers."""
     from transformers import AutoModelForCausalLM
 
-    from headway.heads.tiny import build_tiny_target
+    from headway.heads.target.tiny import build_tiny_target
 
     target, tok = build_tiny_target("llama", seed=0)
     draft, dtok = build_tiny_target("llama", seed=1)

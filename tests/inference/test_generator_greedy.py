@@ -4,7 +4,7 @@ drafter, tree and model family, with non-trivial acceptance."""
 import pytest
 import torch
 
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.tiny import build_tiny_target
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator
 from spec_utils import noisy_copy, reference_generate
 

@@ -4,7 +4,7 @@ keeps exactly the accepted path (Llama, Qwen2, GPT-2; sdpa and eager)."""
 import pytest
 import torch
 
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.tiny import build_tiny_target
 from headway.inference.kv_cache import check_compactable, compact_cache, new_cache
 from headway.inference.tree import load_tree, node_path
 from headway.inference.target_forward import check_attention, prefill, tree_forward

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import headway.train.features as F
-from headway.heads.tiny import build_tiny_target
+from headway.heads.target.tiny import build_tiny_target
 from headway.train.features import cache_features, feature_fingerprint, load_cached_features
 
 ROOT = Path(__file__).resolve().parents[2]

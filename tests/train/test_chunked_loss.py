@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from headway.heads import EagleHead, MedusaConfig, MedusaHeads
-from headway.heads.features import capture_features
+from headway.heads.target.features import capture_features
 from headway.train.chunked import linear_cross_entropy
 from headway.train.eagle_losses import eagle1_loss, eagle3_loss
 from headway.train.losses import medusa_loss

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from train_utils import kill_at_checkpoint
 
 from headway.heads import EagleHead, load_drafter
-from headway.heads.features import capture_features
+from headway.heads.target.features import capture_features
 from headway.train.config import load_config
 from headway.train.eagle import EagleRunConfig, EagleTrainingModule, main, train
 from headway.train.features import pad_batch

@@ -10,7 +10,7 @@ import yaml
 from safetensors.torch import load_file
 
 import headway.train.features as F
-from headway.heads.tiny import build_tiny_target, tiny_tokenizer
+from headway.heads.target.tiny import build_tiny_target, tiny_tokenizer
 from headway.train.data import frequent_tokens
 from headway.train.features import (CachedExample, cache_features, feature_fingerprint, load_cached_features,
                                     pad_batch)

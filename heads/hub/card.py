@@ -253,7 +253,7 @@ def eagle3_serving(config: dict, ctx: ServeContext) -> list[str]:
                 f"{config.get('feature_layers')}, so only headway serves it.", ""]
     lines = []
     inexact = [i for i in config["feature_layers"] if i in (0, config.get("num_target_layers"))]
-    if inexact:  # see headway.heads.eagle_formats: the engines capture no exact counterpart of these
+    if inexact:  # see headway.heads.formats.eagle: the engines capture no exact counterpart of these
         lines += [f"Feature layer(s) {inexact} have no exact counterpart in vLLM or SGLang (0: before the first "
                   "layer; the last: after the final norm); the engines may draft worse than headway.", ""]
     lines += _vllm(ctx.convert("speculators"), "speculators", "eagle3", ctx.engine_target, 3)
@@ -263,7 +263,7 @@ def eagle3_serving(config: dict, ctx: ServeContext) -> list[str]:
 def eagle1_serving(config: dict, ctx: ServeContext) -> list[str]:
     lines, eagle = [], ctx.convert("eagle")
     if config.get("draft_vocab_size"):  # the engines' layout has none: the export widens it on request
-        eagle = [*ctx.fetch, "python -c \"from headway.heads.convert import convert; "
+        eagle = [*ctx.fetch, "python -c \"from headway.heads.formats.convert import convert; "
                              f"convert('{ctx.src}', 'drafter-eagle', 'eagle', widen_vocab=True)\""]
         lines += [f"The engines' EAGLE-1 layout has no reduced draft vocabulary: the export below proposes from "
                   f"the whole vocabulary instead of this drafter's {config['draft_vocab_size']} tokens.", ""]

@@ -10,12 +10,11 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from headway.heads.files import share, temporary_folder
+from headway.heads.files import atomic_folder
 
 logger = logging.getLogger(__name__)
 
@@ -52,25 +51,15 @@ def default_model_dir() -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_folder(out, ".convert-")
-    try:
+    with atomic_folder(out, ".convert-", replace=False) as tmp:  # another process may finish first: its copy stays
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        share(tmp)
-        if out.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
 def resolve_model_path(name_or_path: str) -> str:
     """Map the default alias to its converted folder; anything else is passed to transformers."""
-    from headway.heads.tiny import TINY_MODELS, tiny_model_dir
+    from headway.heads.target.tiny import TINY_MODELS, tiny_model_dir
 
     if name_or_path in (DEFAULT_MODEL, "default"):
         return str(default_model_dir())
@@ -82,7 +71,7 @@ def resolve_model_path(name_or_path: str) -> str:
 def check_model_name(name_or_path: str) -> None:
     """What can be said of a target model's name before it loads: a local path that does not exist, or a
     folder holding a headway drafter, is a one-line error (a Hub id is left to the loader)."""
-    from headway.heads.tiny import TINY_MODELS
+    from headway.heads.target.tiny import TINY_MODELS
 
     path = str(name_or_path)
     if path in (DEFAULT_MODEL, "default") or path in TINY_MODELS:  # built on first load

@@ -36,6 +36,10 @@ order, so the export sorts the feature layers and permutes ``fc``'s input blocks
 and L have no exact engine counterpart (before layer 0 the engines' residual is still empty, and
 headway's L is after the final norm where vLLM's is before it); exporting them warns.
 
+The pieces live by family: the official layouts here, the speculators config in
+``headway.heads.formats.speculators``, the one-layer Llama config and the layer-id numbering both
+share in ``headway.heads.formats.llama_layer``, folder I/O in ``headway.heads.formats.folder``.
+
 Import reads any of the three back into an :class:`EagleHead` with identical weights. What the
 foreign configs lack comes, in this order, from the ``"headway"`` block export writes into
 config.json (``num_target_layers``, ``base_model_name_or_path``; engines ignore it), from the
@@ -45,67 +49,34 @@ then from keyword arguments; a keyword that contradicts the folder is a ValueErr
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import warnings
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_json, read_weights
+from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_weights
 from headway.heads.eagle import EagleConfig, EagleHead
-from headway.heads.features import check_feature_layers
-from headway.heads.files import share, temporary_folder
+from headway.heads.formats import speculators
+from headway.heads.formats.folder import (check_tensors, local_model_config, open_folder, pick_field, read_config,
+                                          read_keys, text_config, write_folder)
+from headway.heads.formats.llama_layer import (EAGLE3_LAYER_KEYS, LAYER_KEYS, from_engine_layer_ids, layer_shapes,
+                                               llama_fields, parse_llama_config, sorted_features,
+                                               to_engine_layer_ids, warn_inexact_layers)
+from headway.heads.formats.speculators import SPECULATORS_VERSION
+from headway.heads.target.features import check_feature_layers, num_layers
 
 __all__ = ["FORMATS", "SPECULATORS_VERSION", "detect_eagle_format", "export_eagle", "from_engine_layer_ids",
            "import_eagle", "to_engine_layer_ids"]
 
-FORMATS = ("eagle", "sglang", "speculators")
-SPECULATORS_VERSION = "0.9.0"  # the speculators release whose eagle3 config and tensor names are matched
+LAYOUTS = {"eagle": "EAGLE-1", "sglang": "EAGLE-3 (SGLang)", "speculators": "speculators eagle3"}
+FORMATS = tuple(LAYOUTS)
 _VERSION_OF = {"eagle": 1, "sglang": 3, "speculators": 3}
 # EAGLE-1: the official checkpoints carry "LlamaForCausalLM"; vLLM maps it to EagleLlamaForCausalLM in every
 # v1 release (early ones prefix "Eagle" unconditionally, so "EagleLlamaForCausalLM" would become
 # "EagleEagleLlamaForCausalLM" there); the official EAGLE code ignores the field.
 EAGLE1_ARCHITECTURE = "LlamaForCausalLM"
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
-SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"
 _EAGLE1_ARCHITECTURES = {"LlamaForCausalLM", "EagleLlamaForCausalLM", "LlamaForCausalLMEagle"}
-_LAYER_KEYS = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-               "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-               "post_attention_layernorm.weight"]
-_EAGLE3_LAYER_KEYS = _LAYER_KEYS + ["input_layernorm.weight", "hidden_norm.weight"]
-
-
-# --- layer ids -------------------------------------------------------------------------------
-
-def to_engine_layer_ids(feature_layers, engine: str) -> list[int]:
-    """headway feature layer ids -> the ids ``engine`` ("vllm", also the speculators format, or "sglang")
-    reads from ``eagle_aux_hidden_state_layer_ids`` (see the module docstring for the sources)."""
-    shift = _engine_shift(engine)
-    return [int(i) - shift for i in feature_layers]
-
-
-def from_engine_layer_ids(ids, engine: str) -> list[int]:
-    """The inverse of :func:`to_engine_layer_ids`."""
-    shift = _engine_shift(engine)
-    return [int(i) + shift for i in ids]
-
-
-def _engine_shift(engine: str) -> int:
-    if engine not in ("vllm", "sglang"):
-        raise ValueError(f"unknown engine {engine!r} for layer ids; use 'vllm' (also speculators) or 'sglang'")
-    return 1 if engine == "sglang" else 0
-
-
-def _warn_inexact_layers(layers: list[int], depth: int, fmt: str) -> None:
-    odd = [i for i in layers if i in (0, depth)]
-    if odd:
-        warnings.warn(f"feature layer(s) {odd} of this drafter have no exact counterpart in the engines that "
-                      f"read the {fmt!r} layout (0: their residual stream is empty before layer 0; {depth}: "
-                      f"headway's is after the final norm, theirs before it); serving may fail or draft worse",
-                      UserWarning, stacklevel=3)
 
 
 # --- export ----------------------------------------------------------------------------------
@@ -178,10 +149,10 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
         tensors = {"fc.weight": state["fc.weight"]}
         if cfg.fc_bias:
             tensors["fc.bias"] = state["fc.bias"]
-        tensors.update({f"layers.0.{k}": state[f"layers.0.{k}"] for k in _LAYER_KEYS})
+        tensors.update({f"layers.0.{k}": state[f"layers.0.{k}"] for k in LAYER_KEYS})
         if cfg.store_embeddings:
             tensors["embed_tokens.weight"] = state["embed_tokens.weight"]
-        config = {"architectures": [EAGLE1_ARCHITECTURE], **_llama_fields(cfg, dtype), "bias": bool(cfg.fc_bias),
+        config = {"architectures": [EAGLE1_ARCHITECTURE], **llama_fields(cfg, dtype), "bias": bool(cfg.fc_bias),
                   "headway": meta}
         return write_folder(out_dir, config, tensors, overwrite)
 
@@ -191,14 +162,13 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
     if fmt == "sglang" and len(cfg.feature_layers) != 3:
         raise ValueError(f"SGLang and vLLM read exactly 3 target layers for EAGLE-3 (fc is 3 x hidden wide); "
                          f"this head reads {len(cfg.feature_layers)} ({cfg.feature_layers})")
-    layers, fc = _sorted_features(cfg.feature_layers, state["fc.weight"], cfg.hidden_size)
-    _warn_inexact_layers(layers, cfg.num_target_layers, fmt)
-    prefix = "midlayer." if fmt == "sglang" else "layers.0."
+    layers, fc = sorted_features(cfg.feature_layers, state["fc.weight"], cfg.hidden_size)
+    warn_inexact_layers(layers, cfg.num_target_layers, fmt)
+    prefix = "midlayer." if fmt == "sglang" else speculators.LAYER_PREFIX
     tensors = {"fc.weight": fc}
-    tensors.update({prefix + k: state[f"midlayer.{k}"] for k in _EAGLE3_LAYER_KEYS})
+    tensors.update({prefix + k: state[f"midlayer.{k}"] for k in EAGLE3_LAYER_KEYS})
     tensors["norm.weight"] = state["norm.weight"]
     tensors["lm_head.weight"] = state["lm_head.weight"]
-    draft_vocab = cfg.output_size
     if head.d2t is not None:
         tensors["d2t"], tensors["t2d"] = state["d2t"], state["t2d"]
     elif fmt == "sglang":  # identity mapping: SGLang's hot_token_id = d2t + arange is then arange
@@ -210,8 +180,8 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
         if embeddings is not None:
             tensors["embed_tokens.weight"] = embeddings.detach().to("cpu", dtype).contiguous()
             stored = {"target_hidden_size": cfg.hidden_size}
-        config = {"architectures": [EAGLE3_ARCHITECTURE], **_llama_fields(cfg, dtype),
-                  "draft_vocab_size": draft_vocab, **stored,
+        config = {"architectures": [EAGLE3_ARCHITECTURE], **llama_fields(cfg, dtype),
+                  "draft_vocab_size": cfg.output_size, **stored,
                   "norm_before_residual": False,
                   "eagle_aux_hidden_state_layer_ids": vllm_ids,  # vLLM reads this one (its numbering)
                   "eagle_config": {"use_aux_hidden_state": True,  # SGLang reads this one (its numbering)
@@ -219,29 +189,8 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
                   "headway": meta}
         return write_folder(out_dir, config, tensors, overwrite)
 
-    verifier = target_name_or_path or cfg.base_model_name_or_path
-    config = {
-        "architectures": [SPECULATORS_ARCHITECTURE],
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": _llama_fields(cfg, dtype),
-        "draft_vocab_size": draft_vocab,
-        "target_hidden_size": cfg.hidden_size,
-        "eagle_aux_hidden_state_layer_ids": vllm_ids,
-        "norm_before_residual": False,
-        "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "verifier": {"name_or_path": verifier, "architectures": _local_architectures(verifier)},
-        },
-        "torch_dtype": _dtype_name(dtype),
-        "headway": meta,
-    }
+    config = speculators.speculators_config(cfg, dtype, vllm_ids, target_name_or_path or cfg.base_model_name_or_path,
+                                            speculative_tokens, meta)
     return write_folder(out_dir, config, tensors, overwrite)
 
 
@@ -262,79 +211,12 @@ def _warn_official_config(cfg: EagleConfig, fmt: str) -> None:
                       f"and vLLM read this {fmt!r} export", UserWarning, stacklevel=3)
 
 
-def _llama_fields(cfg: EagleConfig, dtype: torch.dtype) -> dict:
-    """The drafter layer as a one-layer Llama config dict (legacy rope keys: every engine reads them)."""
-    return {
-        "model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": 1,
-        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim, "hidden_act": cfg.hidden_act, "rms_norm_eps": cfg.rms_norm_eps,
-        "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": cfg.rope_theta,
-        "rope_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None,
-        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "torch_dtype": _dtype_name(dtype),
-    }
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _sorted_features(layers: list[int], fc: torch.Tensor, hidden: int) -> tuple[list[int], torch.Tensor]:
-    """Sort the feature layers ascending (engines concatenate in layer order); permute fc's input blocks."""
-    order = sorted(range(len(layers)), key=lambda j: layers[j])
-    if order == list(range(len(layers))):
-        return list(layers), fc
-    return [layers[j] for j in order], torch.cat([fc[:, j * hidden:(j + 1) * hidden] for j in order], dim=1)
-
-
-def _local_architectures(name_or_path: str | None) -> list[str]:
-    path = Path(name_or_path) / CONFIG_NAME if name_or_path else None
-    if path is None or not path.is_file():
-        return []
-    try:
-        return list(json.loads(path.read_text()).get("architectures") or [])
-    except (json.JSONDecodeError, AttributeError):
-        return []
-
-
-def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwrite: bool) -> Path:
-    """config.json + model.safetensors, written in a temporary folder beside ``out_dir`` and moved in."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} exists and is not a folder; choose another output folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out} is not empty; choose another folder or pass overwrite=True to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_folder(out, f".{out.name}.export-")
-    old = None
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-        share(tmp)  # mkdtemp and safetensors make them private; the engines may run as another user
-        if out.is_dir() and any(out.iterdir()):
-            old = temporary_folder(out, f".{out.name}.old-")
-            os.replace(out, old)  # onto an empty folder: allowed
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            if old is not None and not out.exists():
-                os.replace(old, out)  # put the previous contents back
-                old = None
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    if old is not None:  # the new folder is in place: only now drop the old one
-        shutil.rmtree(old, ignore_errors=True)
-    return out
-
-
 # --- import ----------------------------------------------------------------------------------
 
 def detect_eagle_format(folder) -> str:
     """The layout of an exported EAGLE folder: "eagle", "sglang" or "speculators" (ValueError otherwise)."""
-    folder = _folder(folder)
-    return _detect(folder, _read_config(folder), read_keys(folder))
+    folder = open_folder(folder, "EAGLE drafter")
+    return _detect(folder, read_config(folder, "an EAGLE drafter"), read_keys(folder))
 
 
 def import_eagle(folder, fmt: str | None = None, *, version: int | None = None, num_target_layers: int | None = None,
@@ -358,8 +240,8 @@ def import_eagle(folder, fmt: str | None = None, *, version: int | None = None, 
         raise ValueError(f"unknown EAGLE format {fmt!r}; choose one of {list(FORMATS)} or None to detect it")
     if version is not None and version not in (1, 3):
         raise ValueError(f"EAGLE version must be 1 or 3, got {version}")
-    folder = _folder(folder)
-    config = _read_config(folder)
+    folder = open_folder(folder, "EAGLE drafter")
+    config = read_config(folder, "an EAGLE drafter")
     weights = read_weights(folder / WEIGHTS_NAME)
     found = _detect(folder, config, set(weights))
     found_version = _VERSION_OF[found]
@@ -386,42 +268,13 @@ def import_eagle(folder, fmt: str | None = None, *, version: int | None = None, 
     return head.eval()
 
 
-def _folder(folder) -> Path:
-    path = Path(folder)
-    if not path.is_dir():
-        raise FileNotFoundError(f"no EAGLE drafter folder at {folder}")
-    return path
-
-
-def _read_config(folder: Path) -> dict:
-    data = read_json(folder, "an EAGLE drafter")
-    if not isinstance(data, dict):
-        raise ValueError(f"{folder / CONFIG_NAME} does not hold a JSON object")
-    return data
-
-
-def read_keys(folder: Path) -> set[str]:
-    from safetensors import safe_open
-
-    path = folder / WEIGHTS_NAME
-    if not path.is_file():
-        raise ValueError(f"{folder} has no {WEIGHTS_NAME}; headway reads safetensors weights only")
-    try:
-        with safe_open(str(path), "pt") as f:
-            return set(f.keys())
-    except Exception as exc:  # safetensors raises its own error types for truncated headers
-        raise ValueError(f"{path} is corrupt or truncated ({str(exc).splitlines()[0]})") from None
-
-
 def _detect(folder: Path, config: dict, keys: set[str]) -> str:
     path = folder / CONFIG_NAME
     if "drafter_type" in config:
         raise ValueError(f"{path} is headway's own format (drafter_type {config['drafter_type']!r}), not an engine "
                          "layout; load it with headway.heads.load_drafter")
-    if "speculators_model_type" in config:
-        if config["speculators_model_type"] != "eagle3":
-            raise ValueError(f"{path} is a speculators {config['speculators_model_type']!r} model; headway imports "
-                             "speculators 'eagle3' drafters only")
+    if speculators.is_speculators(config):
+        speculators.check_model_type(path, config)
         return "speculators"
     if any(k.startswith("midlayer.") for k in keys):
         return "sglang"
@@ -437,90 +290,15 @@ def _detect(folder: Path, config: dict, keys: set[str]) -> str:
                      "or a speculators eagle3 config)")
 
 
-def _llama_config(path: Path, data: dict, what: str) -> dict:
-    """Check the one-layer Llama config of a drafter and return EagleConfig's layer fields."""
-    if data.get("model_type") != "llama":
-        raise ValueError(f"{path}: {what} has model_type {data.get('model_type')!r}; headway imports Llama-layer "
-                         "EAGLE drafters (model_type 'llama') only")
-    need = ["hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps"]
-    missing = [k for k in need if data.get(k) is None]
-    if missing:
-        raise ValueError(f"{path}: {what} lacks {missing}")
-    if data.get("num_hidden_layers", 1) != 1:
-        raise ValueError(f"{path}: {what} has num_hidden_layers {data['num_hidden_layers']}; headway's EAGLE "
-                         "drafters have exactly one layer")
-    biased = [k for k in ("attention_bias", "mlp_bias") if data.get(k)]
-    if biased:
-        raise ValueError(f"{path}: {what} sets {biased}; headway's EAGLE layer has no attention or MLP biases")
-    hidden, heads = int(data["hidden_size"]), int(data["num_attention_heads"])
-    rope = dict(data.get("rope_parameters") or {})
-    theta = data.get("rope_theta", rope.get("rope_theta", 10000.0))
-    scaling = data.get("rope_scaling")
-    if scaling is None and rope:
-        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
-    if scaling:
-        scaling = dict(scaling)
-        if "type" in scaling and "rope_type" not in scaling:
-            scaling["rope_type"] = scaling.pop("type")
-        if scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type"}:
-            scaling = None
-    return dict(
-        hidden_size=hidden, vocab_size=int(data["vocab_size"]), num_attention_heads=heads,
-        num_key_value_heads=int(data.get("num_key_value_heads") or heads),
-        head_dim=int(data.get("head_dim") or hidden // heads), intermediate_size=int(data["intermediate_size"]),
-        hidden_act=data.get("hidden_act", "silu"), rms_norm_eps=float(data["rms_norm_eps"]),
-        rope_theta=float(theta), rope_scaling=scaling or None,
-        max_position_embeddings=int(data.get("max_position_embeddings") or 8192))
-
-
-def pick_field(path: Path, name: str, from_folder, given):
-    """A value the folder states wins; a keyword fills the gap; both but different is an error."""
-    if from_folder is not None and given is not None and from_folder != given:
-        raise ValueError(f"{path} says {name}={from_folder!r} but {name}={given!r} was passed; drop the keyword "
-                         "or fix the folder")
-    return from_folder if from_folder is not None else given
-
-
 def _depth(path: Path, meta: dict, verifier: str | None, given: int | None) -> int:
     depth = meta.get("num_target_layers")
-    if depth is None and verifier:
-        vpath = Path(verifier) / CONFIG_NAME
-        if vpath.is_file():
-            try:
-                vcfg = json.loads(vpath.read_text())
-                vcfg = vcfg.get("text_config") or vcfg
-                depth = vcfg.get("num_hidden_layers")
-            except (json.JSONDecodeError, AttributeError):
-                depth = None
+    if depth is None and verifier:  # a verifier that is a local folder gives the depth
+        depth = text_config(local_model_config(verifier)).get("num_hidden_layers")
     depth = pick_field(path, "num_target_layers", depth, given)
     if depth is None:
         raise ValueError(f"{path} does not say how many layers the target has; pass num_target_layers= "
                          "(the target's num_hidden_layers)")
     return int(depth)
-
-
-def _check_tensors(folder: Path, fmt: str, weights: dict[str, torch.Tensor], expected: dict[str, tuple],
-                   optional: set[str] = frozenset()) -> None:
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise ValueError(f"{folder / WEIGHTS_NAME} lacks tensor(s) {missing[:6]} that the {fmt!r} layout requires")
-    unexpected = sorted(set(weights) - set(expected) - set(optional))
-    if unexpected:
-        raise ValueError(f"{folder / WEIGHTS_NAME} has tensor(s) {unexpected[:6]} that the {fmt!r} layout does not "
-                         "define; headway will not drop weights silently")
-    for key, shape in expected.items():
-        if tuple(weights[key].shape) != tuple(shape):
-            raise ValueError(f"{folder / WEIGHTS_NAME}: {key} has shape {tuple(weights[key].shape)}, the config "
-                             f"implies {tuple(shape)}")
-
-
-def _layer_shapes(f: dict, in_width: int) -> dict[str, tuple]:
-    h, q, kv = f["hidden_size"], f["num_attention_heads"] * f["head_dim"], f["num_key_value_heads"] * f["head_dim"]
-    i = f["intermediate_size"]
-    return {"self_attn.q_proj.weight": (q, in_width), "self_attn.k_proj.weight": (kv, in_width),
-            "self_attn.v_proj.weight": (kv, in_width), "self_attn.o_proj.weight": (h, q),
-            "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i),
-            "post_attention_layernorm.weight": (h,), "input_layernorm.weight": (h,), "hidden_norm.weight": (h,)}
 
 
 def _parse_eagle1(folder, config, weights, depth_kw, base_kw, layers_kw):
@@ -533,7 +311,7 @@ def _parse_eagle1(folder, config, weights, depth_kw, base_kw, layers_kw):
     if arch:
         raise ValueError(f"{path}: architectures {arch} are not an EAGLE-1 Llama drafter "
                          f"(expected one of {sorted(_EAGLE1_ARCHITECTURES)})")
-    fields = _llama_config(path, data, "the EAGLE-1 config")
+    fields = parse_llama_config(path, data, "the EAGLE-1 config")
     meta = config.get("headway") or {}
     depth = _depth(path, meta, None, depth_kw)
     fc_bias = "fc.bias" in weights
@@ -547,11 +325,11 @@ def _parse_eagle1(folder, config, weights, depth_kw, base_kw, layers_kw):
     expected = {"fc.weight": (h, 2 * h)}
     if fc_bias:
         expected["fc.bias"] = (h,)
-    expected.update({f"layers.0.{k}": s for k, s in _layer_shapes(fields, h).items() if k in _LAYER_KEYS})
+    expected.update({f"layers.0.{k}": s for k, s in layer_shapes(fields, h).items() if k in LAYER_KEYS})
     store = "embed_tokens.weight" in weights
     if store:
         expected["embed_tokens.weight"] = (fields["vocab_size"], h)
-    _check_tensors(folder, "eagle", weights, expected)
+    check_tensors(folder, "eagle", weights, expected)
     cfg = EagleConfig(version=1, **fields, num_target_layers=depth, feature_layers=[depth], draft_vocab_size=None,
                       fc_bias=fc_bias, store_embeddings=store,
                       base_model_name_or_path=pick_field(path, "base_model_name_or_path",
@@ -563,27 +341,17 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
     path = folder / CONFIG_NAME
     meta = config.get("headway") or {}
     if fmt == "speculators":
-        layer_cfg = config.get("transformer_layer_config")
-        if not isinstance(layer_cfg, dict):
-            raise ValueError(f"{path} lacks a transformer_layer_config object")
-        fields = _llama_config(path, layer_cfg, "transformer_layer_config")
-        if "norm_before_residual" not in config:
-            raise ValueError(f"{path} lacks norm_before_residual (speculators reads its absence as false, vLLM as "
-                             "true); add the value the drafter was trained with")
-        odd = [k for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output") if config.get(k)]
-        if odd:
-            raise ValueError(f"{path} sets {odd}; headway's EAGLE-3 layer has none of these norms")
-        verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-        ids, engine = config.get("eagle_aux_hidden_state_layer_ids"), "vllm"
+        fields, ids, verifier = speculators.read_speculators_config(path, config)
+        engine = "vllm"
         base_from_folder = meta["base_model_name_or_path"] if "base_model_name_or_path" in meta else verifier
-        prefix = "layers.0."
+        prefix = speculators.LAYER_PREFIX
     else:
         arch = [a for a in (config.get("architectures") or []) if a not in (EAGLE3_ARCHITECTURE, "LlamaForCausalLM",
                                                                            "Eagle3LlamaForCausalLM")]
         if arch:
             raise ValueError(f"{path}: architectures {arch} are not an EAGLE-3 Llama drafter "
                              f"(expected {EAGLE3_ARCHITECTURE!r})")
-        fields = _llama_config(path, config, "the EAGLE-3 config")
+        fields = parse_llama_config(path, config, "the EAGLE-3 config")
         if config.get("norm_before_residual"):
             raise ValueError(f"{path} sets norm_before_residual; headway's EAGLE-3 residual runs on the raw hidden "
                              "state (norm_before_residual false)")
@@ -615,7 +383,7 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
     if draft is not None and int(draft) != lm_rows:
         raise ValueError(f"{path} says draft_vocab_size {draft} but lm_head.weight has {lm_rows} rows")
     expected = {"fc.weight": (h, len(layers) * h), "norm.weight": (h,), "lm_head.weight": (lm_rows, h)}
-    expected.update({prefix + k: s for k, s in _layer_shapes(fields, 2 * h).items()})
+    expected.update({prefix + k: s for k, s in layer_shapes(fields, 2 * h).items()})
     if "fc.weight" in weights and tuple(weights["fc.weight"].shape) != expected["fc.weight"]:
         raise ValueError(f"{folder / WEIGHTS_NAME}: fc.weight has shape {tuple(weights['fc.weight'].shape)}, but "
                          f"{len(layers)} feature layers {layers} of width {h} need {expected['fc.weight']}")
@@ -625,7 +393,7 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
         expected.update({"d2t": (lm_rows,), "t2d": (vocab,)})
     else:
         optional |= {"d2t", "t2d"}
-    _check_tensors(folder, fmt, weights, expected, optional)
+    check_tensors(folder, fmt, weights, expected, optional)
     if "embed_tokens.weight" in weights and tuple(weights["embed_tokens.weight"].shape) != (vocab, h):
         raise ValueError(f"{folder / WEIGHTS_NAME}: embed_tokens.weight has shape "
                          f"{tuple(weights['embed_tokens.weight'].shape)}, the config implies {(vocab, h)}")
@@ -664,3 +432,48 @@ def _sglang_ids(path: Path, config: dict):
     if nested:
         return list(nested), "sglang"
     return (list(top) if top else None), "vllm"
+
+
+# --- the converter registry's entry (headway.heads.formats.convert) ---------------------------
+
+
+
+def detect_layout(folder: Path, config) -> str | None:
+    if not isinstance(config, dict):
+        return None
+    if speculators.is_speculators(config) or _has_fc(folder):
+        return detect_eagle_format(folder)  # its errors say precisely what is wrong with the EAGLE folder
+    return None
+
+
+def _has_fc(folder: Path) -> bool:
+    try:
+        return "fc.weight" in read_keys(folder)
+    except ValueError:  # no (readable) model.safetensors
+        return False
+
+
+def read_layout(path, fmt: str, model, *, num_target_layers: int | None = None,
+                base_model_name_or_path: str | None = None, feature_layers: list[int] | None = None,
+                **options) -> EagleHead:
+    if num_target_layers is None and model is not None:
+        num_target_layers = num_layers(model)
+    return import_eagle(path, fmt, num_target_layers=num_target_layers,
+                        base_model_name_or_path=base_model_name_or_path, feature_layers=feature_layers)
+
+
+def write_layout(head: EagleHead, out, fmt: str, model, *, overwrite: bool = False, widen_vocab: bool = False,
+                 with_embeddings: bool = False, speculative_tokens: int = 3, target_name_or_path: str | None = None,
+                 **options) -> Path:
+    if fmt == "eagle" and head.d2t is not None and not widen_vocab:
+        raise ValueError(f"the 'eagle' layout has no reduced draft vocabulary but this EAGLE-1 head scores "
+                         f"{head.config.draft_vocab_size} of {head.config.vocab_size} tokens; keep it in "
+                         "'headway', or pass widen_vocab=True (--widen-vocab) to score the whole vocabulary")
+    embeddings = None
+    if with_embeddings:
+        if model is None:
+            raise ValueError("with_embeddings copies the target's input embedding into the export: name the target "
+                             "(target=..., --target MODEL)")
+        embeddings = model.get_input_embeddings().weight
+    return export_eagle(head, out, fmt, target_name_or_path=target_name_or_path,
+                        speculative_tokens=speculative_tokens, overwrite=overwrite, embeddings=embeddings)

@@ -16,7 +16,7 @@ from typing import Any
 from safetensors import SafetensorError, safe_open
 
 from headway.heads.base import WEIGHTS_NAME, read_json, resolve_folder
-from headway.heads.card import EVAL_METRICS_NAME, RUN_CONFIG_NAME
+from headway.heads.hub.card import EVAL_METRICS_NAME, RUN_CONFIG_NAME
 from headway.heads.registry import kind_of_config, kinds
 
 METRICS_LOG = "metrics.jsonl"  # the training log next to the exported drafter (train/loop.py)
@@ -44,7 +44,7 @@ def describe_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if "drafter_type" in config:
         fmt = "headway"
     else:  # a foreign layout, or a one-line ValueError saying what the folder holds instead
-        from headway.heads.convert import detect_format
+        from headway.heads.formats.convert import detect_format
 
         fmt = detect_format(folder)
     drafter = None if fmt == "headway" else _try_import(folder, fmt)
@@ -81,7 +81,7 @@ def describe_drafter(info: dict) -> str:
 def _try_import(folder: Path, fmt: str):
     """The foreign drafter read into headway's classes, or None when that needs more than the folder
     (e.g. the target's lm_head for ``medusa-v2``)."""
-    from headway.heads.convert import load_any
+    from headway.heads.formats.convert import load_any
 
     try:
         return load_any(folder, fmt)

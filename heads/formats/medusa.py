@@ -36,21 +36,21 @@ to copy in. Import is strict: every tensor the config implies, with its shape, a
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import pickle
 from pathlib import Path
 
 import torch
 
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_json, read_weights
-from headway.heads.eagle_formats import pick_field, write_folder
+from headway.heads.formats.folder import local_model_config, pick_field, text_config, write_folder
 from headway.heads.medusa import MedusaConfig, MedusaHeads
 
 __all__ = ["FORMATS", "PT_NAME", "ST_NAME", "detect_medusa_format", "export_medusa", "import_medusa",
            "read_medusa_pt"]
 
-FORMATS = ("medusa-v0.1", "medusa-v2", "vllm-medusa")
+LAYOUTS = {"medusa-v0.1": "official Medusa v0.1", "medusa-v2": "Medusa version 2 (TGI)",
+           "vllm-medusa": "vLLM MedusaModel"}
+FORMATS = tuple(LAYOUTS)
 PT_NAME = "medusa_lm_head.pt"
 ST_NAME = "medusa_lm_head.safetensors"
 VLLM_ARCHITECTURE = "MedusaModel"
@@ -120,7 +120,7 @@ def export_medusa(heads: MedusaHeads, out_dir, fmt: str, *, target_lm_head: torc
                                                                     fmt).items()}
         config = {"medusa_num_heads": cfg.num_heads, "medusa_num_layers": cfg.num_layers,
                   "base_model_name_or_path": cfg.base_model_name_or_path}
-        return _write(out_dir, config, tensors, PT_NAME, overwrite)
+        return write_folder(out_dir, config, tensors, overwrite, weights_name=PT_NAME)
     tensors = {name: state[key] for key, (name, _) in _layout(cfg, fmt).items()}
     config = {"model_type": "medusa", "architectures": [VLLM_ARCHITECTURE], "hidden_size": cfg.hidden_size,
               "vocab_size": cfg.vocab_size, "num_heads": cfg.num_heads, "num_hidden_layers": cfg.num_layers,
@@ -135,7 +135,7 @@ def export_medusa(heads: MedusaHeads, out_dir, fmt: str, *, target_lm_head: torc
         tensors["token_map"] = heads.draft_token_ids.to("cpu")
     config["torch_dtype"] = str(_float_dtype(state)).removeprefix("torch.")
     config["headway"] = {"base_model_name_or_path": cfg.base_model_name_or_path}  # vLLM ignores it
-    return _write(out_dir, config, tensors, WEIGHTS_NAME, overwrite)
+    return write_folder(out_dir, config, tensors, overwrite, weights_name=WEIGHTS_NAME)
 
 
 def _distinct_blocks(heads: MedusaHeads) -> bool:
@@ -168,7 +168,7 @@ def _export_v2(heads: MedusaHeads, state, lm_head, out_dir, overwrite: bool) -> 
     config = {"version": "2", "medusa_num_heads": cfg.num_heads, "medusa_num_layers": cfg.num_layers,
               "base_model_name_or_path": cfg.base_model_name_or_path,
               "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size}
-    return _write(out_dir, config, tensors, ST_NAME, overwrite)
+    return write_folder(out_dir, config, tensors, overwrite, weights_name=ST_NAME)
 
 
 def _projections(heads: MedusaHeads, state, lm_head, fmt: str) -> dict[str, torch.Tensor]:
@@ -198,20 +198,6 @@ def _checked_lm_head(lm_head: torch.Tensor | None, cfg: MedusaConfig) -> torch.T
 
 def _float_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
     return next((v.dtype for v in state.values() if v.is_floating_point()), torch.float32)
-
-
-def _write(out_dir, config: dict, tensors: dict[str, torch.Tensor], weights_name: str, overwrite: bool) -> Path:
-    """config.json + the weights file, moved into place atomically by eagle_formats' writer; a layout whose
-    weights file is not model.safetensors renames (or re-saves, for the torch format) it inside the new folder."""
-    if weights_name == PT_NAME:
-        out = write_folder(out_dir, config, {}, overwrite)
-        torch.save(dict(tensors), out / PT_NAME)  # a plain dict of tensors: loadable with weights_only=True
-        (out / WEIGHTS_NAME).unlink()
-        return out
-    out = write_folder(out_dir, config, tensors, overwrite)
-    if weights_name != WEIGHTS_NAME:
-        os.replace(out / WEIGHTS_NAME, out / weights_name)
-    return out
 
 
 # --- import ----------------------------------------------------------------------------------
@@ -413,13 +399,36 @@ def _positive(path: Path, config: dict, key: str) -> int:
 
 def _local_vocab(config: dict) -> int | None:
     """The vocabulary size of ``base_model_name_or_path`` when it is a local model folder."""
-    base = config.get("base_model_name_or_path")
-    path = Path(base) / CONFIG_NAME if base else None
-    if path is None or not path.is_file():
+    vocab = text_config(local_model_config(config.get("base_model_name_or_path"))).get("vocab_size")
+    return vocab if isinstance(vocab, int) else None
+
+
+# --- the converter registry's entry (headway.heads.formats.convert) ---------------------------
+
+
+
+def detect_layout(folder: Path, config) -> str | None:
+    return detect_medusa_format(folder, config)
+
+
+def read_layout(path, fmt: str, model, *, vocab_size: int | None = None, base_model_name_or_path: str | None = None,
+                **options) -> MedusaHeads:
+    lm_head = target_lm_head(model) if fmt != "medusa-v0.1" else None  # v0.1 stores every projection
+    return import_medusa(path, fmt, target_lm_head=lm_head, vocab_size=vocab_size,
+                         base_model_name_or_path=base_model_name_or_path)
+
+
+def write_layout(heads: MedusaHeads, out, fmt: str, model, *, overwrite: bool = False,
+                 allow_official_misread: bool = False, **options) -> Path:
+    return export_medusa(heads, out, fmt, target_lm_head=target_lm_head(model), overwrite=overwrite,
+                         allow_official_misread=allow_official_misread)
+
+
+def target_lm_head(model) -> torch.Tensor | None:
+    """The target's output projection [V, H], or None without a target."""
+    if model is None:
         return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-    data = (data.get("text_config") or data) if isinstance(data, dict) else {}
-    return data.get("vocab_size") if isinstance(data.get("vocab_size"), int) else None
+    lm_head = model.get_output_embeddings()
+    if getattr(lm_head, "bias", None) is not None:
+        raise ValueError("the target's lm_head has a bias, which no Medusa layout stores; these heads cannot use it")
+    return lm_head.weight.detach()

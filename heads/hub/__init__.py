@@ -1,7 +1,7 @@
 """Publishing a drafter folder to the Hugging Face Hub.
 
 ``push`` uploads exactly what ``load_drafter`` reads (config.json, model.safetensors), a model card
-built from the folder (``headway.heads.card``) and the training metrics, in one commit; checkpoints,
+built from the folder (``headway.heads.hub.card``) and the training metrics, in one commit; checkpoints,
 logs and caches stay local. Bad input fails before anything is sent, with one line that says what
 to do. The token comes from the argument or from huggingface_hub's own lookup (``HF_TOKEN``, then
 the file ``hf auth login`` writes) and is never printed, logged or written.
@@ -20,7 +20,7 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineMod
 from huggingface_hub.utils import validate_repo_id
 
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_drafter
-from headway.heads.card import BENCHMARK_NAME, EVAL_METRICS_NAME, RUN_CONFIG_NAME, model_card
+from headway.heads.hub.card import BENCHMARK_NAME, EVAL_METRICS_NAME, RUN_CONFIG_NAME, model_card
 
 CARD_NAME = "README.md"
 LOADER_FILES = (CONFIG_NAME, WEIGHTS_NAME)  # what load_drafter reads

@@ -7,14 +7,13 @@ and a ChatML chat template, and saved once under the headway cache like any mode
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
 
 import torch
 
-from headway.heads.files import share, temporary_folder
+from headway.heads.files import publish_folder, temporary_folder
 
 SPECIALS = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
@@ -97,6 +96,5 @@ def tiny_model_dir(name: str, cache_dir: Path) -> Path:
         while not (out / "config.json").is_file() and time.monotonic() < deadline:
             time.sleep(0.05)
     else:
-        share(tmp)
-        os.replace(tmp, out)
+        publish_folder(tmp, out, replace=False)
     return out

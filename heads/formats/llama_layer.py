@@ -1,0 +1,112 @@
+"""What the EAGLE layouts share: the drafter's one-layer Llama config (written and read), its tensor
+names and shapes, and the target layer ids in each engine's numbering (see ``headway.heads.formats.eagle``
+for the sources)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from headway.heads.eagle import EagleConfig
+from headway.heads.formats.folder import dtype_name
+
+LAYER_KEYS = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+              "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+              "post_attention_layernorm.weight"]
+EAGLE3_LAYER_KEYS = LAYER_KEYS + ["input_layernorm.weight", "hidden_norm.weight"]
+
+
+def to_engine_layer_ids(feature_layers, engine: str) -> list[int]:
+    """headway feature layer ids -> the ids ``engine`` ("vllm", also the speculators format, or "sglang")
+    reads from ``eagle_aux_hidden_state_layer_ids`` (see the module docstring for the sources)."""
+    shift = _engine_shift(engine)
+    return [int(i) - shift for i in feature_layers]
+
+
+def from_engine_layer_ids(ids, engine: str) -> list[int]:
+    """The inverse of :func:`to_engine_layer_ids`."""
+    shift = _engine_shift(engine)
+    return [int(i) + shift for i in ids]
+
+
+def _engine_shift(engine: str) -> int:
+    if engine not in ("vllm", "sglang"):
+        raise ValueError(f"unknown engine {engine!r} for layer ids; use 'vllm' (also speculators) or 'sglang'")
+    return 1 if engine == "sglang" else 0
+
+
+def warn_inexact_layers(layers: list[int], depth: int, fmt: str) -> None:
+    odd = [i for i in layers if i in (0, depth)]
+    if odd:
+        warnings.warn(f"feature layer(s) {odd} of this drafter have no exact counterpart in the engines that "
+                      f"read the {fmt!r} layout (0: their residual stream is empty before layer 0; {depth}: "
+                      f"headway's is after the final norm, theirs before it); serving may fail or draft worse",
+                      UserWarning, stacklevel=3)
+
+
+def llama_fields(cfg: EagleConfig, dtype: torch.dtype) -> dict:
+    """The drafter layer as a one-layer Llama config dict (legacy rope keys: every engine reads them)."""
+    return {
+        "model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": 1,
+        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim, "hidden_act": cfg.hidden_act, "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": cfg.rope_theta,
+        "rope_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None,
+        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "torch_dtype": dtype_name(dtype),
+    }
+
+
+def sorted_features(layers: list[int], fc: torch.Tensor, hidden: int) -> tuple[list[int], torch.Tensor]:
+    """Sort the feature layers ascending (engines concatenate in layer order); permute fc's input blocks."""
+    order = sorted(range(len(layers)), key=lambda j: layers[j])
+    if order == list(range(len(layers))):
+        return list(layers), fc
+    return [layers[j] for j in order], torch.cat([fc[:, j * hidden:(j + 1) * hidden] for j in order], dim=1)
+
+
+def parse_llama_config(path: Path, data: dict, what: str) -> dict:
+    """Check the one-layer Llama config of a drafter and return EagleConfig's layer fields."""
+    if data.get("model_type") != "llama":
+        raise ValueError(f"{path}: {what} has model_type {data.get('model_type')!r}; headway imports Llama-layer "
+                         "EAGLE drafters (model_type 'llama') only")
+    need = ["hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps"]
+    missing = [k for k in need if data.get(k) is None]
+    if missing:
+        raise ValueError(f"{path}: {what} lacks {missing}")
+    if data.get("num_hidden_layers", 1) != 1:
+        raise ValueError(f"{path}: {what} has num_hidden_layers {data['num_hidden_layers']}; headway's EAGLE "
+                         "drafters have exactly one layer")
+    biased = [k for k in ("attention_bias", "mlp_bias") if data.get(k)]
+    if biased:
+        raise ValueError(f"{path}: {what} sets {biased}; headway's EAGLE layer has no attention or MLP biases")
+    hidden, heads = int(data["hidden_size"]), int(data["num_attention_heads"])
+    rope = dict(data.get("rope_parameters") or {})
+    theta = data.get("rope_theta", rope.get("rope_theta", 10000.0))
+    scaling = data.get("rope_scaling")
+    if scaling is None and rope:
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    if scaling:
+        scaling = dict(scaling)
+        if "type" in scaling and "rope_type" not in scaling:
+            scaling["rope_type"] = scaling.pop("type")
+        if scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type"}:
+            scaling = None
+    return dict(
+        hidden_size=hidden, vocab_size=int(data["vocab_size"]), num_attention_heads=heads,
+        num_key_value_heads=int(data.get("num_key_value_heads") or heads),
+        head_dim=int(data.get("head_dim") or hidden // heads), intermediate_size=int(data["intermediate_size"]),
+        hidden_act=data.get("hidden_act", "silu"), rms_norm_eps=float(data["rms_norm_eps"]),
+        rope_theta=float(theta), rope_scaling=scaling or None,
+        max_position_embeddings=int(data.get("max_position_embeddings") or 8192))
+
+
+def layer_shapes(f: dict, in_width: int) -> dict[str, tuple]:
+    h, q, kv = f["hidden_size"], f["num_attention_heads"] * f["head_dim"], f["num_key_value_heads"] * f["head_dim"]
+    i = f["intermediate_size"]
+    return {"self_attn.q_proj.weight": (q, in_width), "self_attn.k_proj.weight": (kv, in_width),
+            "self_attn.v_proj.weight": (kv, in_width), "self_attn.o_proj.weight": (h, q),
+            "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i),
+            "post_attention_layernorm.weight": (h,), "input_layernorm.weight": (h,), "hidden_norm.weight": (h,)}
