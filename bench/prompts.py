@@ -12,7 +12,7 @@ import inspect
 import random
 import textwrap
 
-from headway.train.data import held_out_prompts, packaged_conversations
+from headway.train.corpora import held_out_prompts, packaged_conversations
 
 COPY_KINDS = ("edit function", "rename variable", "correct spelling", "repeat paragraph")
 SOURCE_MODULES = ("textwrap", "shutil", "fnmatch", "posixpath", "glob", "string", "json.encoder", "csv")

@@ -146,7 +146,7 @@ def prompts_file(path: str | Path) -> dict[str, list[list[dict]]]:
     """Prompt groups from a file, by ``category`` (``file`` where a record has none): MT-bench's
     question.jsonl (``question_id``, ``category``, ``turns``: the first turn is asked, as later turns
     answer the model's own reply) or ShareGPT/OpenAI records (cut before their first answer)."""
-    from headway.train.data import _read_local, normalize_record
+    from headway.train.records import _read_local, normalize_record
 
     path = Path(path)
     if not path.is_file():

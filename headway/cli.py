@@ -140,7 +140,7 @@ def read_messages(args) -> list[dict]:
         return [{"role": "user", "content": text}]
     if not isinstance(data, (list, dict)):
         return [{"role": "user", "content": text}]
-    from headway.train.data import normalize_record
+    from headway.train.records import normalize_record
 
     messages = normalize_record(data if isinstance(data, dict) else {"messages": data})
     if not messages:

@@ -29,7 +29,7 @@ def child(mode: str, folder: str, rank: int, world: int) -> None:
     import torch  # noqa: F401  (the baseline includes torch)
     from safetensors.torch import load_file
 
-    from headway.train.features import load_cached_features
+    from headway.train.feature_reader import load_cached_features
 
     base = vm_hwm_mib()
     train = Path(folder) / "train"

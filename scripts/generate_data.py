@@ -32,7 +32,9 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from headway.heads.files import atomic_write_text
-from headway.train.data import default_data_path, load_conversations, training_prompts
+from headway.train.data import default_data_path
+from headway.train.records import load_conversations
+from headway.train.corpora import training_prompts
 from headway.train.launch import end_process, launch_state, main_process_first, my_units, rank_and_world, wait_for_everyone
 
 logger = logging.getLogger(__name__)

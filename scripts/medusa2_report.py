@@ -28,7 +28,7 @@ from headway.bench.prompts import chat_prompts
 from headway.bench.benchmark import run_one
 from headway.train.config import from_dict
 from headway.train.data import DataConfig, build_datasets
-from headway.train.features import last_hidden_state, pad_batch
+from headway.train.batches import last_hidden_state, pad_batch
 from headway.train.losses import head_weights, medusa_loss, summarize
 from headway.train.medusa2 import ADAPTER_DIR, self_distill_kl
 

@@ -10,7 +10,7 @@ import torch
 
 from headway.heads import MedusaHeads, load_drafter
 from headway.train.config import load_config
-from headway.train.features import last_hidden_state
+from headway.train.batches import last_hidden_state
 from headway.train.medusa import MedusaRunConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]

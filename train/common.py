@@ -21,10 +21,12 @@ from headway.heads.target import check_model_name, freeze, load_target
 from headway.heads.base import read_config_file, resolve_folder
 from headway.train.config import ConfigError, load_config, to_dict
 from headway.train.data import DataConfig, build_datasets, frequent_tokens, resolve_source
-from headway.train.features import feature_fingerprint, load_cached_features, read_cache_index
+from headway.train.features import feature_fingerprint
+from headway.train.feature_reader import load_cached_features, read_cache_index
 from headway.train.run_dir import RESUMABLE_DIFFS, check_output_dir
 from headway.train.launch import end_process
-from headway.train.loop import TrainConfig, make_accelerator
+from headway.train.loop import TrainConfig
+from headway.train.accelerator import make_accelerator
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ from headway.heads import MedusaConfig, MedusaHeads
 from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
-from headway.train.features import last_hidden_state
+from headway.train.batches import last_hidden_state
 from headway.train.loop import Method, TrainConfig, run_training
 from headway.train.losses import DEFAULT_CHUNK_SIZE, head_weights, medusa_loss
 

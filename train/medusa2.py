@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from headway.heads import MedusaHeads
 from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
-from headway.train.loop import Method, TrainConfig, fsdp_requested, run_training, zero_stage
+from headway.train.loop import Method, TrainConfig, run_training
+from headway.train.accelerator import fsdp_requested, zero_stage
 from headway.train.losses import DEFAULT_CHUNK_SIZE, head_weights, medusa_loss
 from headway.train.medusa import LossConfig, MedusaRunConfig
 

@@ -128,7 +128,7 @@ def _records(split: str) -> Iterator[dict]:
 def conversations(split: str = "train", limit: int | None = None) -> list[list[dict]]:
     """Normalized conversations (``[{role, content}, ...]``) of the training records (after the held-out
     window) or of the held-out ones (``split="heldout"``); at most ``limit`` of them."""
-    from headway.train.data import normalize_record
+    from headway.train.records import normalize_record
 
     out = []
     for record in _records(split):

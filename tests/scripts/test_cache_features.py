@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 import headway.train.features as F
 from headway.heads.target.tiny import build_tiny_target
-from headway.train.features import cache_features, feature_fingerprint, load_cached_features
+from headway.train.features import cache_features, feature_fingerprint
+from headway.train.feature_reader import load_cached_features
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "cache_features.py"

@@ -139,7 +139,8 @@ def test_deepspeed_config_is_filled_from_the_run_config_or_refused():
     import json
 
     from headway.configs import CONFIG_DIR
-    from headway.train.loop import TrainConfig, fill_deepspeed_config
+    from headway.train.loop import TrainConfig
+    from headway.train.accelerator import fill_deepspeed_config
 
     cfg = TrainConfig(batch_size=4, grad_accum=2, max_grad_norm=0.5)
     ds = json.loads((CONFIG_DIR / "deepspeed" / "zero3.json").read_text())

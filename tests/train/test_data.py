@@ -7,7 +7,10 @@ import tempfile
 
 import pytest
 
+from headway.train import chat_template as T
+from headway.train import corpora as C
 from headway.train import data as D
+from headway.train import records as Rec
 
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML = (
@@ -105,21 +108,21 @@ def word_records(n):
 def test_normalize_sharegpt():
     rec = {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"},
                              {"from": "gpt", "value": "a"}]}
-    assert D.normalize_record(rec) == [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+    assert Rec.normalize_record(rec) == [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
                                        {"role": "assistant", "content": "a"}]
 
 
 def test_normalize_openai_with_content_parts():
     rec = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "you"}]},
                         {"role": "assistant", "content": "yo"}]}
-    assert D.normalize_record(rec) == [{"role": "user", "content": "hi you"}, {"role": "assistant", "content": "yo"}]
+    assert Rec.normalize_record(rec) == [{"role": "user", "content": "hi you"}, {"role": "assistant", "content": "yo"}]
 
 
 def test_normalize_errors():
     with pytest.raises(ValueError, match=r"\['prompt', 'response'\].*'messages'.*'conversations'"):
-        D.normalize_record({"prompt": "p", "response": "r"})
+        Rec.normalize_record({"prompt": "p", "response": "r"})
     with pytest.raises(ValueError, match="unknown role 'tool'"):
-        D.normalize_record({"messages": [{"role": "tool", "content": "x"}]})
+        Rec.normalize_record({"messages": [{"role": "tool", "content": "x"}]})
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet"])
@@ -136,16 +139,16 @@ def test_load_conversations_local(tmp_path, suffix):
         import pyarrow.parquet as pq
 
         pq.write_table(pa.Table.from_pylist(records), path)
-    convos = D.load_conversations(str(path))
-    assert convos == [D.normalize_record(r) for r in records]
+    convos = Rec.load_conversations(str(path))
+    assert convos == [Rec.normalize_record(r) for r in records]
 
 
 def test_load_conversations_errors(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        D.load_conversations(str(tmp_path / "nope.jsonl"))
+        Rec.load_conversations(str(tmp_path / "nope.jsonl"))
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"text": "x"}])
     with pytest.raises(ValueError, match="record 0: record has keys"):
-        D.load_conversations(str(bad))
+        Rec.load_conversations(str(bad))
 
     import datasets
 
@@ -154,7 +157,7 @@ def test_load_conversations_errors(tmp_path, monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(ValueError, match="could not load Hub dataset 'org/set'.*ConnectionError"):
-        D.load_conversations("org/set")
+        Rec.load_conversations("org/set")
 
 
 def test_truncated_last_jsonl_line_is_ignored(tmp_path):
@@ -162,16 +165,16 @@ def test_truncated_last_jsonl_line_is_ignored(tmp_path):
     with open(path, "a") as f:
         f.write('{"messages": [{"role": "us')
     with pytest.warns(UserWarning, match="truncated last line"):
-        assert len(D.load_conversations(str(path))) == 2
+        assert len(Rec.load_conversations(str(path))) == 2
 
 
 # --- loss masks ------------------------------------------------------------------------------
 
 
 def test_mask_chatml_smollm2(smol_tok):
-    text, spans = D.render_spans(smol_tok, CONVO)
+    text, spans = T.render_spans(smol_tok, CONVO)
     assert [text[s:e] for s, e in spans] == [m["content"] + "<|im_end|>" for m in CONVO if m["role"] == "assistant"]
-    ex = D.tokenize_conversation(smol_tok, CONVO, max_length=512)
+    ex = T.tokenize_conversation(smol_tok, CONVO, max_length=512)
     assert len(ex["input_ids"]) == len(ex["loss_mask"])
     # Exactly the assistant contents and their end marker are trained, nothing else.
     assert masked_runs(smol_tok, ex) == ["Paris. It has been the capital since 987.<|im_end|>", "Rome, of course!<|im_end|>"]
@@ -184,7 +187,7 @@ def test_mask_chatml_smollm2(smol_tok):
 def test_mask_llama2_template(smol_tok):
     tok = copy.deepcopy(smol_tok)
     tok.chat_template = LLAMA2
-    ex = D.tokenize_conversation(tok, CONVO, max_length=512)
+    ex = T.tokenize_conversation(tok, CONVO, max_length=512)
     eos = tok.eos_token
     assert masked_runs(tok, ex) == [f" Paris. It has been the capital since 987. {eos}", f" Rome, of course! {eos}"]
     text = tok.decode(ex["input_ids"])
@@ -194,7 +197,7 @@ def test_mask_llama2_template(smol_tok):
 def test_mask_word_level_tokenizer():
     tok = word_tokenizer()
     msgs = [{"role": "user", "content": "hello how are you"}, {"role": "assistant", "content": "fine thanks"}]
-    ex = D.tokenize_conversation(tok, msgs, max_length=64)
+    ex = T.tokenize_conversation(tok, msgs, max_length=64)
     masked = [t for t, m in zip(ex["input_ids"], ex["loss_mask"]) if m]
     assert tok.convert_ids_to_tokens(masked) == ["fine", "thanks", "<|im_end|>"]
 
@@ -203,12 +206,12 @@ def test_not_prefix_stable_template():
     tok = word_tokenizer("{{ messages | length }}" + CHATML)
     msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "fine"}]
     with pytest.raises(ValueError, match="not prefix-stable"):
-        D.render_spans(tok, msgs)
+        T.render_spans(tok, msgs)
 
 
 def test_truncation(smol_tok):
-    full = D.tokenize_conversation(smol_tok, CONVO, max_length=512)
-    cut = D.tokenize_conversation(smol_tok, CONVO, max_length=40)
+    full = T.tokenize_conversation(smol_tok, CONVO, max_length=512)
+    cut = T.tokenize_conversation(smol_tok, CONVO, max_length=40)
     assert len(cut["input_ids"]) == 40 < len(full["input_ids"])
     assert cut["input_ids"] == full["input_ids"][:40] and cut["loss_mask"] == full["loss_mask"][:40]
 
@@ -275,27 +278,27 @@ def test_default_source(tmp_path):
 
 
 def test_default_prompts():
-    prompts = D.default_prompts(limit=50)
+    prompts = C.default_prompts(limit=50)
     assert len(prompts) == 50 and len(set(prompts)) == 50
-    assert prompts == D.default_prompts(limit=50)
-    assert prompts != D.default_prompts(limit=50, seed=1)
-    chitchat, chatterbot = set(D._chitchat_prompts()), set(D._chatterbot_prompts())
+    assert prompts == C.default_prompts(limit=50)
+    assert prompts != C.default_prompts(limit=50, seed=1)
+    chitchat, chatterbot = set(C._chitchat_prompts()), set(C._chatterbot_prompts())
     assert any(p in chitchat for p in prompts) and any(p in chatterbot for p in prompts)
     assert all(p in chitchat or p in chatterbot for p in prompts)
-    assert len(D.default_prompts()) > 1000
+    assert len(C.default_prompts()) > 1000
 
 
 def test_training_prompts_never_hold_the_benchmark_prompts():
-    everything = D.default_prompts()
-    held = D.held_out_prompts()
-    assert held == everything[D.HELD_OUT_START:D.HELD_OUT_START + D.HELD_OUT_SIZE]
+    everything = C.default_prompts()
+    held = C.held_out_prompts()
+    assert held == everything[C.HELD_OUT_START:C.HELD_OUT_START + C.HELD_OUT_SIZE]
     # Up to the window the training prompts are the default ones, so cached data sets keep their bytes.
-    assert D.training_prompts(limit=D.HELD_OUT_START) == everything[:D.HELD_OUT_START]
+    assert C.training_prompts(limit=C.HELD_OUT_START) == everything[:C.HELD_OUT_START]
     keys = {p.casefold() for p in held}
     for seed in (0, 1):
-        train = D.training_prompts(seed=seed)
-        assert len(train) == len(everything) - D.HELD_OUT_SIZE
+        train = C.training_prompts(seed=seed)
+        assert len(train) == len(everything) - C.HELD_OUT_SIZE
         assert not keys & {p.casefold() for p in train}
-    assert D.training_prompts(limit=D.HELD_OUT_START + 1)[-1] == everything[D.HELD_OUT_START + D.HELD_OUT_SIZE]
+    assert C.training_prompts(limit=C.HELD_OUT_START + 1)[-1] == everything[C.HELD_OUT_START + C.HELD_OUT_SIZE]
     with pytest.raises(ValueError, match="at most 200"):
-        D.held_out_prompts(D.HELD_OUT_SIZE + 1)
+        C.held_out_prompts(C.HELD_OUT_SIZE + 1)

@@ -20,7 +20,7 @@ from headway.heads import EagleHead, load_drafter
 from headway.heads.target.features import capture_features
 from headway.train.config import load_config
 from headway.train.eagle import EagleRunConfig, EagleTrainingModule, main, train
-from headway.train.features import pad_batch
+from headway.train.batches import pad_batch
 from headway.train.losses import summarize
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,11 +9,13 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+import headway.train.feature_reader as R
 import headway.train.features as F
 from headway.heads.target.tiny import build_tiny_target, tiny_tokenizer
 from headway.train.data import frequent_tokens
-from headway.train.features import (CachedExample, cache_features, feature_fingerprint, load_cached_features,
-                                    pad_batch)
+from headway.train.feature_reader import CachedExample, load_cached_features
+from headway.train.features import cache_features, feature_fingerprint
+from headway.train.batches import last_hidden_state, pad_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 H = 64  # the tiny targets' hidden size
@@ -69,7 +71,7 @@ def test_features_equal_hidden_states_and_argmax(target, tmp_path):
         assert x["argmax"].dtype == torch.long and torch.equal(x["argmax"], top)
         assert torch.equal(y["argmax"], top)
         # the final layer is the last hidden state that Medusa reads
-        assert torch.equal(x["features"][:, 2 * H:], F.last_hidden_state(model, torch.tensor([e["input_ids"]]))[0])
+        assert torch.equal(x["features"][:, 2 * H:], last_hidden_state(model, torch.tensor([e["input_ids"]]))[0])
 
 
 def test_index_records_bytes_per_token_and_tokens(target, tmp_path):
@@ -128,8 +130,8 @@ class _RecordingHandle:
 def test_reading_is_lazy_and_reads_only_the_rows_asked_for(target, tmp_path, monkeypatch):
     out = _make(target, tmp_path / "c", layers=[0, 1, 2], shard_size=3)
     log = []
-    real_open = F.safe_open
-    monkeypatch.setattr(F, "safe_open", lambda *a, **k: _RecordingHandle(log, real_open(*a, **k)))
+    real_open = R.safe_open
+    monkeypatch.setattr(R, "safe_open", lambda *a, **k: _RecordingHandle(log, real_open(*a, **k)))
     cache = load_cached_features(out)
     assert ("tensor", "features") not in log and ("tensor", "argmax") not in log
     assert not [r for r in log if r[0] == "slice"], "opening the cache read feature rows"
@@ -165,15 +167,15 @@ def test_reading_is_lazy_and_reads_only_the_rows_asked_for(target, tmp_path, mon
 def test_a_rank_reads_only_the_feature_rows_of_its_share(target, tmp_path, monkeypatch):
     out = _make(target, tmp_path / "c", layers=[0, 1, 2], shard_size=3)  # shards: examples 0-2, 3-5, 6
     log = []
-    real_open = F.safe_open
-    monkeypatch.setattr(F, "safe_open", lambda *a, **k: _RecordingHandle(log, real_open(*a, **k)))
+    real_open = R.safe_open
+    monkeypatch.setattr(R, "safe_open", lambda *a, **k: _RecordingHandle(log, real_open(*a, **k)))
     cache = load_cached_features(out)
     share = cache[1::2]  # rank 1 of 2 (the training loop's evaluation split; its batches index like this)
     for e in share:
         e["features"]
     # examples 1, 3, 5: rows 7..19 of shard 0, 0..9 and 25..28 of shard 1; nothing of examples 0, 2, 4, 6
     assert [r[2] for r in log if r[0] == "slice"] == [slice(7, 19), slice(0, 9), slice(25, 28)]
-    monkeypatch.setattr(F, "safe_open", real_open)
+    monkeypatch.setattr(R, "safe_open", real_open)
     shard1 = load_file(str(out / "shard-00001.safetensors"))["features"]
     assert torch.equal(share[1]["features"], shard1[0:9]) and torch.equal(share[2]["features"], shard1[25:28])
 

@@ -47,7 +47,7 @@ def test_the_packaged_file_and_its_held_out_window():
     assert not set(train) & set(held) and all(len(p) <= sharegpt.PROMPT_MAX_CHARS for p in train + held)
     convs = sharegpt.conversations("heldout", limit=50)
     assert len(convs) == 50 and all({m["role"] for m in c} >= {"user", "assistant"} for c in convs)
-    from headway.train.data import load_conversations
+    from headway.train.records import load_conversations
 
     assert load_conversations("sharegpt", "heldout")[:50] == convs
     with pytest.raises(ValueError, match="'train' or 'heldout'"):
