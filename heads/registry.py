@@ -87,9 +87,15 @@ def kinds() -> list[DrafterKind]:
 
 
 def get_kind(name: str) -> DrafterKind:
+    """The kind named ``name`` (ValueError naming the known ones)."""
     if name not in _KINDS:
         raise ValueError(f"unknown drafter kind {name!r}; known: {list(_KINDS)}")
     return _KINDS[name]
+
+
+def find_kind(name: str | None) -> DrafterKind | None:
+    """The kind named ``name``, or None."""
+    return _KINDS.get(name) if name is not None else None
 
 
 def kind_of_config(config: dict) -> DrafterKind | None:

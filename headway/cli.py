@@ -77,16 +77,9 @@ def need(module: str, what: str):
 # --- train -------------------------------------------------------------------------------------
 
 
-def training_methods() -> dict:
-    """`headway train NAME` -> its TrainingMethod, from the drafter-kind registry."""
-    from headway.heads.registry import training_methods as registered
-
-    return registered()
-
-
 def run_train(args) -> int:
     from headway.configs import resolve_config
-    from headway.heads.registry import resolve
+    from headway.heads.registry import resolve, training_methods
 
     entry = training_methods()[args.method].entry
     module = need(entry, f"headway train {args.method}") if isinstance(entry, str) else resolve(entry)
@@ -99,6 +92,7 @@ def run_train(args) -> int:
 
 def add_train(sub) -> None:
     from headway.configs import CONFIG_DIR, shipped_configs
+    from headway.heads.registry import training_methods
 
     known = training_methods()
     names = "|".join(known)

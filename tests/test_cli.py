@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from wheel_utils import install_wheel
+from tests.wheel_utils import install_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "hello how are you today ? i like the weather and i like the food"
@@ -68,6 +68,7 @@ def stats_line(stderr: str) -> str:
     return next(line for line in stderr.splitlines() if line.startswith("tau "))
 
 
+@pytest.mark.slow  # builds and installs the wheel (once per module)
 def test_help_reads_well_and_is_fast(installed):
     for module in (False, True):
         res = headway(installed, "--help", module=module)
@@ -90,6 +91,17 @@ def test_help_reads_well_and_is_fast(installed):
     assert res.returncode == 0, res.stderr
 
 
+def test_help_imports_no_torch_in_process():
+    """The default lane's check of what the slow wheel test checks from the installed wheel."""
+    import sys
+
+    check = ("import sys; from headway.cli import main\n"
+             "try: main(['--help'])\nexcept SystemExit: pass\nassert 'torch' not in sys.modules, 'torch was imported'")
+    res = subprocess.run([sys.executable, "-c", check], cwd=ROOT.parent, capture_output=True, text=True)
+    assert res.returncode == 0 and "usage: headway" in res.stdout, res.stderr
+
+
+@pytest.mark.slow  # builds and installs the wheel (once per module)
 def test_info_describes_a_drafter_folder(installed, tmp_path, capsys):
     from headway.cli import main
     from headway.heads import MedusaConfig, MedusaHeads
@@ -111,6 +123,7 @@ def test_info_describes_a_drafter_folder(installed, tmp_path, capsys):
     assert f"{info['weights']['parameters']:,} parameters" in text
 
 
+@pytest.mark.slow  # builds and installs the wheel (once per module)
 def test_bad_input_ends_with_one_line(installed, tiny_target, tmp_path, capsys):
     from headway.cli import main
     from headway.heads import MedusaConfig, MedusaHeads
@@ -149,6 +162,7 @@ def test_bad_input_ends_with_one_line(installed, tiny_target, tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith("error: ") and all(f in err[0] for f in fragments), (argv, err)
 
 
+@pytest.mark.slow  # builds and installs the wheel (once per module)
 def test_generate_with_prompt_lookup_from_the_wheel(installed, tiny_target):
     res = headway(installed, "generate", "--model", tiny_target, "--prompt-lookup", "--prompt", PROMPT,
                   "--max-new-tokens", NEW_TOKENS, "--device", "cpu", module=True)

@@ -122,3 +122,33 @@ def test_no_package_module_is_over_500_lines():
     long = [f"{path.relative_to(ROOT)}: {n} lines" for _, path in modules()
             if (n := len(path.read_text().splitlines())) > 500]
     assert not long, "split these by concern:\n" + "\n".join(long)
+
+
+# Modules with no logic of their own to test (re-exports, declarations, thin entry points)
+NO_OWN_TESTS = {"heads/convert.py", "headway/__main__.py", "heads/formats/__init__.py", "bench/__init__.py"}
+
+
+def mirror_of(path: Path) -> Path:
+    """Where a package module's tests live: tests/<its folder>/test_<name>.py (a package's __init__.py:
+    test_<package>.py beside the package's own folder; the command line, headway/cli.py: tests/test_cli.py)."""
+    rel = path.relative_to(ROOT)
+    if rel.parts[0] == "headway":
+        return ROOT / "tests" / f"test_{rel.stem}.py"
+    if rel.name == "__init__.py":
+        return ROOT / "tests" / rel.parent.parent / f"test_{rel.parent.name}.py"
+    return ROOT / "tests" / rel.parent / f"test_{rel.stem}.py"
+
+
+def has_logic(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    return any(isinstance(node, (ast.FunctionDef, ast.ClassDef)) for node in tree.body) and \
+        not (path.name == "__init__.py" and all(isinstance(n, (ast.Expr, ast.Import, ast.ImportFrom, ast.Assign,
+                                                              ast.FunctionDef)) and not isinstance(n, ast.ClassDef)
+                                               for n in tree.body) and len(path.read_text().splitlines()) < 60)
+
+
+def test_tests_mirror_the_tree():
+    missing = [f"{path.relative_to(ROOT)} -> {mirror_of(path).relative_to(ROOT)}" for folder, path in modules()
+               if folder != "configs" and str(path.relative_to(ROOT)) not in NO_OWN_TESTS and has_logic(path)
+               and not mirror_of(path).is_file()]
+    assert not missing, "package modules without their test module:\n" + "\n".join(missing)

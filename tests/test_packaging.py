@@ -5,7 +5,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from wheel_utils import install_wheel
+import pytest
+
+from tests.wheel_utils import install_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK = (
@@ -24,10 +26,13 @@ def test_editable_install_imports_from_the_tree(tmp_path):
     assert Path(out.stdout.strip()) == ROOT / "heads" / "__init__.py"
 
 
+@pytest.mark.slow  # builds the wheel
 def test_wheel_installs_into_a_fresh_venv(tmp_path):
     wheel, env_dir = install_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "headway/heads/medusa.py" in names and "headway/configs/medusa/tiny.yaml" in names
+    assert {"headway/heads/formats/eagle.py", "headway/heads/hub/card.py", "headway/heads/target/tiny.py",
+            "headway/train/feature_reader.py", "headway/bench/benchmark.py"} <= set(names)  # every subpackage ships
     assert not any(n.startswith(("train/", "inference/", "heads/", "tests/")) for n in names)
     py = env_dir / "bin" / "python"
     out = subprocess.run([str(py), "-c", CHECK], cwd=tmp_path, capture_output=True, text=True)

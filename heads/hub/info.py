@@ -17,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 
 from headway.heads.base import WEIGHTS_NAME, read_json, resolve_folder
 from headway.heads.hub.card import EVAL_METRICS_NAME, RUN_CONFIG_NAME
-from headway.heads.registry import kind_of_config, kinds
+from headway.heads.registry import find_kind, kind_of_config
 
 METRICS_LOG = "metrics.jsonl"  # the training log next to the exported drafter (train/loop.py)
 # Keys a foreign config may spell its sizes with, in order of preference.
@@ -74,7 +74,7 @@ def _headway_fields(config: dict) -> dict[str, Any]:
 
 def describe_drafter(info: dict) -> str:
     """One line on what the drafter is, from the fields of ``describe_checkpoint`` (its kind's ``describe``)."""
-    kind = next((k for k in kinds() if k.name == info.get("kind")), None)
+    kind = find_kind(info.get("kind"))
     return kind.description(info) if kind else f"{info.get('drafter_type')} drafter"
 
 

@@ -131,7 +131,7 @@ def load_target(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = N
     returned (fastest), else the ``PeftModel``. Raises ``ValueError`` when the folder or Hub id is
     not a causal language model, or ``adapter`` is not a peft adapter folder.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     path = resolve_model_path(name_or_path)
     device = resolve_device(device)
@@ -152,7 +152,7 @@ def load_target(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = N
             "headway needs a model that AutoModelForCausalLM can load (Llama, Qwen2, Mistral, GPT-2, ...)"
         )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     if adapter is not None:
         model = apply_adapter(model, adapter, merge)
     return model, tokenizer
@@ -174,3 +174,16 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of a model folder or Hub id (``AutoTokenizer``). A headway tiny target's folder is
+    read as the word-level tokenizer it saved: for some model types (Qwen2) transformers swaps in the
+    model's own tokenizer class, which cannot read that tokenizer.json (it encodes every word to nothing)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from headway.heads.target.tiny import TINY_MODELS
+
+    if Path(path).name in TINY_MODELS and (Path(path) / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)

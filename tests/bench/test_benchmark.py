@@ -1,9 +1,9 @@
-"""The benchmark as a package module: its command line, and copy-heavy prompts of every kind."""
+"""The benchmark as a package module: its command line, the methods it runs, repeats and packed linears
+(its prompts: test_prompts.py)."""
 
 import pytest
 
 from headway.bench import benchmark
-from headway.bench import prompts as bench_prompts
 
 
 def test_parser_defaults_are_relative_to_the_current_directory():
@@ -25,21 +25,6 @@ def test_more_chat_prompts_than_are_held_out_is_rejected_before_loading(capsys):
     with pytest.raises(SystemExit):
         benchmark.main(["--methods", "lookup", "--prompts", "201"])
     assert "--prompts 201: only 200 packaged chat prompts are held out of training" in capsys.readouterr().err
-
-
-def test_copy_prompts_mix_the_kinds_in_turn(monkeypatch):
-    monkeypatch.setattr(bench_prompts, "passages", lambda: [f"passage number {i} about something" for i in range(10)])
-    prompts = bench_prompts.copy_prompts(6)
-    heads = ["Add type hints", "Rename the variable", "Correct the spelling", "Repeat the following", "Add type hints",
-             "Rename the variable"]
-    assert [p[:len(h)] for p, h in zip(prompts, heads)] == heads
-    assert prompts[0] != prompts[4] and prompts[1] != prompts[5]  # different functions of the same kind
-    assert "```python\ndef " in prompts[0] and "Hi Sam,\n\npassage number" in prompts[2]
-
-
-def test_misspell_swaps_letters_of_every_nth_long_word():
-    text = "seven longer words appear inside this sentence today"
-    assert bench_prompts.misspell(text, every=3, seed=0) == "seven longer wodrs appear inside this sentnece today"
 
 
 @pytest.mark.parametrize("flag, dtype", [([], None), (["--dtype", "float32"], "float32"), (["--dtype", "bfloat16"], "bfloat16")])

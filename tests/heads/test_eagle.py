@@ -1,5 +1,6 @@
-"""EagleConfig / EagleHead: shapes, hook features, the cached step, the training-time test's attention
-(equal to what tree drafting computes), save/load, and one-line errors for bad input."""
+"""EagleConfig / EagleHead (headway.heads.eagle): shapes, the two classes, RoPE precision, save/load, and
+one-line errors for bad input. The layer's cache and training-time test: test_eagle_layer.py; the hooks
+that read the target's features: target/test_features.py."""
 
 import json
 
@@ -8,27 +9,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headway.heads import EagleConfig, EagleHead, load_drafter
-from headway.heads.eagle import DraftCache, TTTKeys, default_feature_layers
-from headway.heads.target.features import FeatureCapture, capture_features
+from headway.heads.eagle import default_feature_layers
+from headway.heads.target.features import capture_features
 from headway.heads.target.tiny import build_tiny_target
-
-
-@pytest.fixture(scope="module")
-def target():
-    model, _ = build_tiny_target("llama", seed=0)
-    return model.double()
-
-
-def make_head(target, version, **kw):
-    torch.manual_seed(version)
-    if version == 3 and "draft_vocab_size" not in kw:
-        kw.update(draft_vocab_size=120, draft_tokens=torch.arange(5, 125))
-    head = EagleHead.from_target(target, version=version, **kw).double()
-    with torch.no_grad():  # random, not copied, output projections so every piece matters
-        for p in head.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * 0.05)
-    return head.bind_target(target)
+from tests.heads.helpers import make_head
 
 
 def test_default_feature_layers():
@@ -36,21 +20,6 @@ def test_default_feature_layers():
     assert default_feature_layers(3, 30) == [2, 15, 27]
     assert default_feature_layers(1, 30) == [30]
     assert default_feature_layers(3, 2) == [0, 1, 2]  # too shallow for distinct low/mid/high
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
-def test_hooks_capture_exactly_the_hidden_states(family):
-    model, _ = build_tiny_target(family, seed=3)
-    ids = torch.randint(4, 200, (2, 9))
-    ref = model(ids, output_hidden_states=True).hidden_states
-    layers = [2, 0, 1]
-    got = capture_features(model, ids, layers)
-    torch.testing.assert_close(got, torch.cat([ref[i] for i in layers], -1), rtol=0, atol=0)
-    with FeatureCapture(model, [2]) as cap:  # the final-norm output: lm_head(feature) == logits
-        logits = model(ids).logits
-        torch.testing.assert_close(model.get_output_embeddings()(cap.pop()), logits, rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="outside the target's depth"):
-        FeatureCapture(model, [0, 3])
 
 
 @pytest.mark.parametrize("version", [1, 3])
@@ -96,21 +65,6 @@ def test_two_classes_over_one_layer_module(target):
                                                                                h3.state_dict().values()))
 
 
-def test_short_sequences_in_training_time_test(target):
-    """Batches shorter than the unrolled depth: deeper steps see only padding and count nothing."""
-    from headway.train.eagle_losses import eagle3_loss
-
-    head = make_head(target, 3).float()
-    for t in (2, 3, 5):
-        ids = torch.randint(5, 125, (2, t))
-        feats = capture_features(target, ids, [0, 1, 2]).float()
-        loss, counts = eagle3_loss(head, feats, feats[..., -64:], ids, torch.ones_like(ids),
-                                   head.draft_rows(target.lm_head.weight).float(), head.draft_index(), steps=7)
-        loss.backward()
-        assert torch.isfinite(loss) and all(int(counts[f"step{i}/count"]) == 0 for i in range(max(t - 2, 0), 7)
-                                            if f"step{i}/count" in counts)
-
-
 @pytest.mark.parametrize("version", [1, 3])
 def test_rope_stays_fp32_when_bound_to_a_half_precision_target(version):
     from headway.inference import EagleProposer
@@ -133,40 +87,6 @@ def test_a_bf16_checkpoint_keeps_exact_rope_frequencies(target, version, tmp_pat
     for head in (loaded, loaded.float(), loaded.half()):
         assert head.rotary_emb.inv_freq.dtype == torch.float32 and torch.equal(head.rotary_emb.inv_freq, exact)
         assert torch.equal(head.rotary_emb.original_inv_freq, exact)
-
-
-@pytest.mark.parametrize("version", [1, 3])
-def test_cached_steps_equal_one_causal_pass(target, version):
-    head = make_head(target, version)
-    ids = torch.randint(4, 200, (1, 12))
-    hid = head.input_hidden(capture_features(target, ids, head.config.feature_layers)[:, :-1])
-    pos = torch.arange(11)[None]
-    full = head(ids[:, 1:], hid, pos)
-    cache = DraftCache()
-    parts = [head(ids[:, 1 + a:1 + b], hid[:, a:b], pos[:, a:b], cache=cache) for a, b in [(0, 4), (4, 5), (5, 11)]]
-    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-12)
-
-
-def test_training_time_test_equals_tree_drafting(target):
-    """Unrolled step i at position t computes exactly what a depth-i node computes at inference:
-    the context entries up to t in the cache, then the chain of draft nodes below the root."""
-    head = make_head(target, 3)
-    ids = torch.randint(4, 200, (1, 14))
-    feats = capture_features(target, ids, head.config.feature_layers)
-    n = ids.shape[1] - 1
-    hidden, pos, ttt, steps = head.input_hidden(feats[:, :-1]), torch.arange(n)[None], TTTKeys(), []
-    for i in range(3):
-        tok = torch.cat([ids[:, 1 + i:], ids.new_zeros((1, i))], 1)[:, :n]
-        hidden = head(tok, hidden, pos + i, ttt=ttt)
-        steps.append(hidden)
-    for t in (3, 7, 10):
-        cache = DraftCache()
-        root = head(ids[:, 1:t + 2], head.input_hidden(feats[:, :t + 1]), torch.arange(t + 1)[None], cache=cache)
-        torch.testing.assert_close(root[0, -1], steps[0][0, t], rtol=0, atol=1e-12)
-        h = root[:, -1:]
-        for i in (1, 2):  # a chain: plain causal after the cached context
-            h = head(ids[:, t + 1 + i:t + 2 + i], h, torch.tensor([[t + i]]), cache=cache)
-            torch.testing.assert_close(h[0, 0], steps[i][0, t], rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("version", [1, 3])

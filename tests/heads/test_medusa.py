@@ -1,3 +1,6 @@
+"""MedusaConfig / MedusaHeads (headway.heads.medusa): shapes and zero init, the shared lm_head, save/load,
+the safetensors names, and a reduced draft vocabulary. Loading errors common to all drafters: test_base.py."""
+
 import json
 
 import pytest
@@ -69,72 +72,6 @@ def test_safetensors_readable_by_other_tools(tiny_llama, tmp_path):
     assert "blocks.0.0.linear.weight" in keys and "lm_heads.1.weight" in keys
 
 
-def test_mismatched_target_names_both_values(tiny_llama, tiny_qwen2):
-    target, _ = tiny_llama
-    heads = MedusaHeads(MedusaConfig(hidden_size=32, vocab_size=target.config.vocab_size))
-    with pytest.raises(ValueError, match=r"hidden_size 32 .* hidden_size 64"):
-        heads.bind_target(target)
-    heads = MedusaHeads(MedusaConfig(hidden_size=64, vocab_size=1000))
-    with pytest.raises(ValueError, match=r"vocab_size 1000 .* vocab_size \d+"):
-        heads.bind_target(target)
-
-
-def test_corrupt_or_truncated_weights(tiny_llama, tmp_path):
-    target, _ = tiny_llama
-    MedusaHeads.from_target(target, MedusaConfig(num_heads=2)).save_pretrained(tmp_path)
-    weights = tmp_path / "model.safetensors"
-    data = weights.read_bytes()
-    weights.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match="corrupt or truncated"):
-        load_drafter(tmp_path)
-    weights.write_bytes(b"\x00" * 16)
-    with pytest.raises(ValueError, match="corrupt or truncated"):
-        load_drafter(tmp_path)
-
-
-def test_foreign_or_mismatched_checkpoint(tiny_llama, tmp_path):
-    target, _ = tiny_llama
-    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 5, "medusa_num_layers": 1}))
-    with pytest.raises(ValueError, match="official Medusa"):
-        load_drafter(tmp_path)
-    (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="not valid JSON"):
-        load_drafter(tmp_path)
-    MedusaHeads.from_target(target, MedusaConfig(num_heads=2)).save_pretrained(tmp_path)
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg["num_heads"] = 3  # config and weights disagree
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="missing"):
-        load_drafter(tmp_path)
-    cfg["num_heads"] = 2
-    del cfg["hidden_size"]
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="lacks .*hidden_size"):
-        load_drafter(tmp_path)
-    cfg["hidden_size"], cfg["bogus"] = target.config.hidden_size, 1
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="bogus"):
-        load_drafter(tmp_path)
-    with pytest.raises(FileNotFoundError):
-        load_drafter(tmp_path / "nope")
-
-
-def test_load_from_hub_cache_offline(tiny_llama, tmp_path, monkeypatch):
-    """A Hub repo id resolves through the local HF cache (HF_HUB_OFFLINE=1), no network."""
-    from huggingface_hub import constants
-
-    target, _ = tiny_llama
-    heads = MedusaHeads.from_target(target, MedusaConfig(num_heads=2))
-    cache = tmp_path / "hub"
-    snap = cache / "models--someone--tiny-medusa" / "snapshots" / ("a" * 40)
-    heads.save_pretrained(snap)
-    (cache / "models--someone--tiny-medusa" / "refs").mkdir(parents=True)
-    (cache / "models--someone--tiny-medusa" / "refs" / "main").write_text("a" * 40)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    loaded = load_drafter("someone/tiny-medusa", cache_dir=str(cache))
-    assert all(torch.equal(a, b) for a, b in zip(heads.state_dict().values(), loaded.state_dict().values()))
-
-
 @pytest.mark.parametrize("share", [False, True])
 def test_reduced_draft_vocabulary(tiny_llama, tmp_path, share):
     target, _ = tiny_llama
@@ -158,12 +95,3 @@ def test_reduced_draft_vocabulary(tiny_llama, tmp_path, share):
     torch.testing.assert_close(loaded(hidden), logits)
     with pytest.raises(ValueError, match="draft token ids"):
         MedusaHeads.from_target(target, MedusaConfig(num_heads=2, draft_vocab_size=5))
-
-
-def test_bf16_checkpoint_loads_in_bf16(tiny_llama, tmp_path):
-    target, _ = tiny_llama
-    heads = MedusaHeads.from_target(target, MedusaConfig(num_heads=2)).to(torch.bfloat16)
-    heads.save_pretrained(tmp_path / "h")
-    loaded = load_drafter(tmp_path / "h")
-    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
-    assert all(torch.equal(a, b) for a, b in zip(heads.state_dict().values(), loaded.state_dict().values()))

@@ -1,7 +1,8 @@
 """Session fixtures for the runtime tests: fp64 tiny targets (so argmax ties cannot flip between
 a tree pass and generate's one-token steps), Medusa heads trained on each target's own greedy
 continuations (non-trivial acceptance), a noisy copy of the target as draft model, prompts and
-transformers' own greedy outputs to compare against."""
+transformers' own greedy outputs to compare against; per-module fp64 tiny targets of three families
+for the forward and cache tests."""
 
 import dataclasses
 
@@ -10,7 +11,7 @@ import torch
 
 from headway.heads import MedusaHeads
 from headway.heads.target.tiny import build_tiny_target
-from spec_utils import make_prompts, noisy_copy, reference_generate, train_medusa
+from tests.inference.spec_utils import make_prompts, noisy_copy, reference_generate, train_medusa
 
 FAMILY_SEEDS = {"llama": 0, "qwen2": 1}
 NUM_PROMPTS = 50
@@ -41,7 +42,17 @@ def family(request):
 @pytest.fixture(scope="session")
 def eagle(family):
     """EAGLE-1 (full vocabulary) and EAGLE-3 (reduced draft vocabulary) heads trained on the family's target."""
-    from eagle_utils import train_eagle
+    from tests.inference.eagle_utils import train_eagle
 
     seed = FAMILY_SEEDS[family.name]
     return {1: train_eagle(family.target, 1, seed=seed), 3: train_eagle(family.target, 3, seed=seed, draft_vocab=150)}
+
+
+FORWARD_FAMILIES = ["llama", "qwen2", "gpt2"]
+
+
+@pytest.fixture(scope="module", params=FORWARD_FAMILIES)
+def family_model(request):
+    """An fp64 tiny target per family (rotary and absolute positions) for the target-forward and cache tests."""
+    model, _ = build_tiny_target(request.param, seed=3)
+    return model.to(torch.float64)

@@ -1,5 +1,5 @@
 """Shared helpers for the inference tests: tiny-vocabulary models, exact enumeration, chi-square,
-self-distilled Medusa heads, noisy draft models, prompts."""
+self-distilled Medusa heads, noisy draft models, prompts, drafter contexts, prefilled caches, made-up cost curves."""
 
 from __future__ import annotations
 
@@ -341,3 +341,46 @@ def check_wiring(target, case: WiringCase, fixed_tree, prompt, params, max_new: 
     assert produced == context[:start + max_new], f"the output {produced[start:]} is not what the rounds accepted " \
                                                   f"{context[start:]}"
     assert len(context) - start >= max_new, f"generation stopped after {len(context) - start} of {max_new} tokens"
+
+
+# --- drafter contexts, prefilled target caches, made-up cost curves -----------------------------
+
+def draft_context(tokens, hidden=None, tree=None, max_depth=10, sampling=None, generator=None):
+    """The DraftContext the generator hands a drafter: ``tokens`` so far (the last one the root) and
+    ``hidden`` [H], the target's state that predicted the root (None: no features yet)."""
+    from headway.inference.proposer import DraftContext
+
+    features = None if hidden is None else hidden[None]  # [1, H]: the state that predicted the root
+    return DraftContext(torch.tensor(tokens), features, tree, max_depth, sampling, generator)
+
+
+def prefilled(model, tree, prompt_len: int, seed: int):
+    """Random prompt and tree tokens (node 0 = the prompt's last token); a cache prefilled with
+    the prompt minus its last token."""
+    from headway.inference.kv_cache import new_cache
+    from headway.inference.target_forward import prefill
+
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(4, 200, (prompt_len,), generator=g)
+    nodes = torch.randint(4, 200, (tree.size,), generator=g)
+    nodes[0] = prompt[-1]
+    cache = new_cache(model)
+    with torch.no_grad():
+        prefill(model, cache, prompt[None, :-1])
+    return prompt, nodes, cache
+
+
+def causal_logits(model, ids):
+    """Logits [T, V] of one plain causal forward over ``ids`` [T] (no cache)."""
+    with torch.no_grad():
+        return model(input_ids=ids[None], attention_mask=torch.ones_like(ids)[None]).logits[0]
+
+
+def made_up_curve(step: float, t1: float = 1.0):
+    """A made-up cost curve: a pass over k tokens costs 1 + step * (k - 1) one-token steps of ``t1``
+    seconds (the default makes drafting free next to a step; 1e-3 makes it cost several steps)."""
+    from headway.inference.cost_curve import CostCurve
+
+    ks = [1, 2, 4, 8, 16, 32, 64]
+    rel = [1 + step * (k - 1) for k in ks]
+    return CostCurve(ks, [0], [t1], [rel], [rel], {})

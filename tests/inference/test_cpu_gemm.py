@@ -10,7 +10,7 @@ from headway.heads.target.tiny import build_tiny_target
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator
 from headway.inference import cpu_gemm
 from headway.inference.cpu_gemm import few_rows_linear, is_packed, pack_linears, packing_available, unpack_linears
-from spec_utils import noisy_copy, reference_generate
+from tests.inference.spec_utils import noisy_copy, reference_generate
 
 pytestmark = pytest.mark.skipif(packing_available(nn.Linear(2, 2)) is not None, reason="no oneDNN linear in this build")
 

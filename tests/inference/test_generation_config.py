@@ -3,8 +3,10 @@
 Greedy output must equal ``target.generate(do_sample=False)`` with each logits processor that
 ``generate`` builds from the generation config (or from arguments), on two model families and
 three drafters (draft-model tree, prompt-lookup tree, Medusa tree); settings that cannot be
-honoured exactly are refused by name. Sampling with processors is checked node by node in
-test_generator_sampling.py (test_sampling_wiring_with_generation_config).
+honoured exactly are refused by name (test_processors.py, with the processors' own unit tests).
+Sampling with processors is checked node by node in test_generator_sampling.py
+(test_sampling_wiring_with_generation_config). Of issue 7's fixes, the draft model's padded
+embeddings are checked in test_draft_model.py and the Medusa heads' cast at bind in test_medusa.py.
 """
 
 from __future__ import annotations
@@ -16,10 +18,9 @@ import pytest
 import torch
 from transformers import GenerationConfig, TextStreamer
 
-from headway.heads import MedusaConfig, MedusaHeads
 from headway.heads.target.tiny import build_tiny_target
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator
-from spec_utils import noisy_copy, reference_generate
+from tests.inference.spec_utils import noisy_copy, reference_generate
 
 DRAFTERS = {
     "draft-tree": (lambda f: DraftModelProposer(f.draft), "tree-7"),
@@ -78,26 +79,6 @@ def test_generation_config_of_the_model_is_read(family):
         target.generation_config = saved
 
 
-@pytest.mark.parametrize("setting, name", [
-    (dict(num_beams=2), "num_beams"),
-    (dict(guidance_scale=1.5), "guidance_scale"),
-    (dict(stop_strings=["end"]), "stop_strings"),
-    (dict(penalty_alpha=0.6, top_k=4), "penalty_alpha"),
-    (dict(repetition_penaltyy=1.2), "repetition_penaltyy"),
-])
-def test_settings_that_cannot_be_honoured_are_refused(family, setting, name):
-    gen = SpeculativeGenerator(family.target, PromptLookup())
-    with pytest.raises(ValueError, match=name):
-        gen.generate(family.prompts[0], max_new_tokens=4, **setting)
-
-
-def test_sampling_warpers_beyond_top_k_top_p_are_refused(family):
-    gen = SpeculativeGenerator(family.target, PromptLookup())
-    with pytest.raises(ValueError, match="min_p"):
-        gen.generate(family.prompts[0], max_new_tokens=4, temperature=1.0, min_p=0.1)
-    gen.generate(family.prompts[0], max_new_tokens=4, min_p=0.1)  # greedy: generate(do_sample=False) ignores it too
-
-
 class Recorder:
     """A streamer in transformers' protocol: put(tensor) per step, end() once."""
 
@@ -146,40 +127,3 @@ def test_absolute_positions_stay_inside_the_context():
     for drafter, tree in [(DraftModelProposer(draft, gamma=2), None), (PromptLookup(num_pred_tokens=1), None)]:
         out = SpeculativeGenerator(target, drafter, tree=tree, pad_to=4).generate(prompt, max_new_tokens=20)
         assert torch.equal(out.sequences, ref)
-
-
-def test_draft_model_with_padded_embeddings_is_accepted(family):
-    """Same tokenizer, embedding padded by 8 rows (as Qwen2.5-0.5B vs 7B): accepted when the
-    tokenizers show the shared vocabulary; padding ids are never proposed; output unchanged."""
-    from headway.heads.target.tiny import tiny_tokenizer
-
-    target, tokenizer = build_tiny_target(family.name, seed=5)
-    draft = noisy_copy(target, seed=5)
-    vocab = target.config.vocab_size
-    draft.resize_token_embeddings(vocab + 8, mean_resizing=False)
-    with torch.no_grad():
-        draft.get_output_embeddings().weight[vocab:] = 50.0  # padding rows that would win every argmax
-    with pytest.raises(ValueError, match="tokenizer="):
-        SpeculativeGenerator(target, DraftModelProposer(draft))
-    drafter = DraftModelProposer(draft, tokenizer=tiny_tokenizer(), target_tokenizer=tokenizer)
-    gen = SpeculativeGenerator(target, drafter, tree="tree-7")
-    prompt = torch.randint(4, vocab, (1, 8), generator=torch.Generator().manual_seed(1))
-    out = gen.generate(prompt, max_new_tokens=24, eos_token_id=None)
-    assert torch.equal(out.sequences, reference_generate(target, prompt, 24, eos_token_id=None))
-    assert out.stats.mean_accepted_length > 1.3  # drafts are real tokens, not padding
-    q = drafter.fit_vocab(torch.zeros(2, vocab + 8))
-    assert q.shape == (2, vocab) and torch.isfinite(q).all()
-
-
-def test_medusa_heads_are_cast_once_at_bind():
-    """fp32 heads sharing the lm_head beside a bf16 target: cast at bind, the target's weight used as is."""
-    target, _ = build_tiny_target("qwen2", seed=2)
-    target = target.to(torch.bfloat16)
-    heads = MedusaHeads.from_target(target.float(), MedusaConfig(num_heads=2, share_lm_head=True)).float()
-    target = target.to(torch.bfloat16)
-    gen = SpeculativeGenerator(target, heads, tree="chain-2")
-    assert all(p.dtype == torch.bfloat16 for p in heads.parameters())
-    assert heads._shared[0].data_ptr() == target.get_output_embeddings().weight.data_ptr()
-    prompt = torch.randint(4, target.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
-    out = gen.generate(prompt, max_new_tokens=12, eos_token_id=None)
-    assert torch.equal(out.sequences, reference_generate(target, prompt, 12, eos_token_id=None))

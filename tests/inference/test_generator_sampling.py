@@ -27,8 +27,8 @@ import headway.inference.generator as generator_mod
 import headway.inference.processors as processors_mod
 import headway.inference.verify as verify_mod
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator, SuffixDecoding
-from eagle_utils import eagle_q_ref, train_eagle
-from spec_utils import (PROMPT, SETTINGS, VerifyRecorder, WiringCase, check_wiring, chi2_pvalue, context_logits,
+from tests.inference.eagle_utils import eagle_q_ref, train_eagle
+from tests.inference.spec_utils import (PROMPT, SETTINGS, VerifyRecorder, WiringCase, check_wiring, chi2_pvalue, context_logits,
                         exact_joint, lm_q_ref, lookup_check, medusa_check, tiny_vocab_model, train_medusa)
 
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]

@@ -7,7 +7,7 @@ from headway.heads import MedusaConfig, MedusaHeads
 from headway.inference import (Draft, DraftModelProposer, HybridProposer, PromptLookup, SpeculativeGenerator,
                                SuffixDecoding, Tree)
 from headway.inference.hybrid import merge_drafts
-from spec_utils import noisy_copy, reference_generate, tiny_vocab_model
+from tests.inference.spec_utils import noisy_copy, reference_generate, tiny_vocab_model
 
 
 def draft(parents, tokens):

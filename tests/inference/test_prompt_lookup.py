@@ -1,10 +1,13 @@
-"""Prompt lookup ranks matches by the continuation they offer, and stays exact under greedy decoding."""
+"""Prompt lookup ranks matches by the continuation they offer, builds its draft trie from them, and stays exact
+under greedy decoding."""
 
+import pytest
 import torch
 
-from headway.inference import DraftContext, PromptLookup, SpeculativeGenerator
-from headway.inference.prompt_lookup import expected_accepted, find_continuations, rank_continuations
-from spec_utils import copy_prompt_tau, tiny_vocab_model
+from headway.inference import DraftContext, PromptLookup, SpeculativeGenerator, load_tree
+from headway.inference.prompt_lookup import build_trie, expected_accepted, find_continuations, rank_continuations
+from tests.inference.spec_utils import copy_prompt_tau, tiny_vocab_model
+from tests.inference.spec_utils import draft_context as ctx
 
 # "5 6" occurs at 0 (then 1 2 3 4 9) and at 7, whose continuation 1 2 5 6 is cut short by the end
 CUT_SHORT = [5, 6, 1, 2, 3, 4, 9, 5, 6, 1, 2, 5, 6]
@@ -55,3 +58,23 @@ def test_greedy_equals_generate_on_copy_prompts():
     for drafter in (PromptLookup(), PromptLookup(max_matches=4, max_nodes=16)):
         tau = copy_prompt_tau(model, SpeculativeGenerator(model, drafter), g)  # a passage and the start of its copy
         assert tau > 2.5, f"{drafter.max_matches} matches: tau {tau:.2f}"
+
+
+def test_prompt_lookup_matches_and_tree():
+    toks = torch.tensor([1, 2, 3, 9, 1, 2, 4, 5, 7, 1, 2])
+    assert find_continuations(toks, 3, 1, 3, 1) == [[4, 5, 7]]  # "1 2": most recent occurrence first
+    conts = find_continuations(toks, 3, 1, 3, 4)
+    assert conts[:2] == [[4, 5, 7], [3, 9, 1]]
+    parents, tokens = build_trie([[4, 5, 7], [3, 9, 1], [4, 6]], max_nodes=32)
+    assert parents == [-1, 0, 1, 2, 0, 4, 5, 1] and tokens == [4, 5, 7, 3, 9, 1, 6]
+    assert build_trie([[4, 5, 7], [3, 9, 1]], max_nodes=4)[1] == [4, 5, 7, 3]
+    drafter = PromptLookup(max_matches=2, num_pred_tokens=3)
+    draft = drafter.propose(ctx(toks.tolist()))
+    assert draft.tokens.tolist() == [2, 4, 5, 7, 3, 9, 1] and draft.tree.depth == 3 and draft.q is None
+    assert drafter.propose(ctx(toks.tolist(), max_depth=1)).tree.depth == 1
+    # a tree given to the generator caps the depth and the number of matches
+    assert drafter.propose(ctx(toks.tolist(), tree=load_tree("chain-2"))).tree.size == 3
+    assert PromptLookup().propose(ctx([1, 2, 3, 4])).tree.size == 1  # no match: root only
+    assert PromptLookup().propose(ctx([3])).tree.size == 1
+    with pytest.raises(ValueError):
+        PromptLookup(min_ngram_size=3, max_ngram_size=2)

@@ -5,7 +5,7 @@ import torch
 
 from headway.inference import DraftContext, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from headway.inference.suffix_decoding import COUNT, NEXT, SuffixTrie, speculate
-from spec_utils import copy_prompt_tau, reference_generate, tiny_vocab_model
+from tests.inference.spec_utils import copy_prompt_tau, reference_generate, tiny_vocab_model
 
 
 def test_trie_counts_every_substring_up_to_its_depth():

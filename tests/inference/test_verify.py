@@ -9,7 +9,7 @@ from headway.inference.proposer import sample_children
 from headway.inference.tree import Tree, chain
 from headway.inference.verify import (LazyProbs, SamplingParams, process_logits, probs, verify_chain_sampling,
                                       verify_greedy, verify_sampling, verify_typical)
-from spec_utils import PROMPT, SETTINGS, VOCAB, chi2_pvalue, context_logits, exact_joint, tiny_vocab_model
+from tests.inference.spec_utils import PROMPT, SETTINGS, VOCAB, chi2_pvalue, context_logits, exact_joint, tiny_vocab_model
 
 SAMPLES = 20_000
 PASS_P, FAIL_P = 1e-3, 1e-8  # exact rules must pass at 1e-3; a broken rule must be rejected far beyond noise

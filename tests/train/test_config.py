@@ -1,48 +1,15 @@
+"""Run configs: overrides are typed, bad keys and values are refused by their key
+(the command-line flags: test_common.py; DeepSpeed configs: test_accelerator.py; every shipped config
+file: tests/test_configs.py)."""
+
 from pathlib import Path
 
 import pytest
-import yaml
 
 from headway.train.config import ConfigError, load_config
 from headway.train.medusa import MedusaRunConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-@pytest.mark.parametrize("path", sorted((CONFIGS / "medusa").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_medusa_config_loads(path):
-    cfg = load_config(MedusaRunConfig, path)
-    assert cfg.heads.num_heads >= 1 and cfg.train.output_dir
-
-
-@pytest.mark.parametrize("path", sorted((CONFIGS / "eagle").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_eagle_config_loads(path):
-    from headway.heads.eagle import EagleConfig
-    from headway.train.eagle import EagleRunConfig
-
-    cfg = load_config(EagleRunConfig, path)
-    assert cfg.eagle.version in (1, 3) and cfg.train.output_dir
-    # the drafter config resolves for a target of the configured model's depth (30 for SmolLM2, 2 for tiny)
-    depth = 30 if "smollm2" in path.name else 2
-    resolved = EagleConfig(**{**vars(cfg.eagle), "num_target_layers": depth})
-    assert resolved.feature_layers and resolved.feature_width == resolved.hidden_size * len(resolved.feature_layers)
-
-
-@pytest.mark.parametrize("path", sorted((CONFIGS / "accelerate").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_accelerate_config_loads(path):
-    from accelerate.commands.config.config_args import ClusterConfig
-
-    known = set(ClusterConfig.__dataclass_fields__)
-    data = yaml.safe_load(path.read_text())
-    assert set(data) <= known, f"unknown accelerate keys {set(data) - known}"
-    cfg = ClusterConfig.from_yaml_file(str(path))
-    assert cfg.num_processes >= 1
-
-
-def test_every_yaml_under_configs_is_covered():
-    covered = {"medusa", "medusa2", "eagle", "accelerate", "trees"}
-    for path in CONFIGS.rglob("*.yaml"):
-        assert path.relative_to(CONFIGS).parts[0] in covered, f"{path} is not loaded by any test"
 
 
 def test_overrides_and_types(tmp_path):
@@ -87,18 +54,6 @@ def test_unknown_key_in_yaml_file(tmp_path):
         load_config(MedusaRunConfig, tmp_path / "missing.yaml")
 
 
-def test_model_and_data_flags():
-    from headway.train.medusa import parse_args
-
-    cfg = parse_args(["--config", str(CONFIGS / "medusa" / "tiny.yaml"), "--model", "org/model", "--data", "x.jsonl",
-                      "train.lr=0.5"])
-    assert (cfg.model, cfg.data.source, cfg.train.lr) == ("org/model", "x.jsonl", 0.5)
-    # overrides wherever they stand (python -m headway.train.medusa, accelerate launch train/medusa.py)
-    cfg = parse_args(["train.lr=0.5", "--config", str(CONFIGS / "medusa" / "tiny.yaml"), "--model", "org/model",
-                      "features=feats", "--data", "x.jsonl", "train.lr=0.25"])
-    assert (cfg.model, cfg.features, cfg.data.source, cfg.train.lr) == ("org/model", "feats", "x.jsonl", 0.25)
-
-
 @pytest.mark.parametrize("override, message", [
     ("train.lr=-1e-3", "train.lr must be a positive number, got -0.001"),
     ("train.lr=0", "train.lr must be a positive number"),
@@ -133,25 +88,3 @@ def test_interval_and_vocab_bounds():
 
     with pytest.raises(ValueError, match="exceeds the target's vocab_size 300"):
         MedusaHeads(MedusaConfig(hidden_size=8, vocab_size=300, draft_vocab_size=301))
-
-
-def test_deepspeed_config_is_filled_from_the_run_config_or_refused():
-    import json
-
-    from headway.configs import CONFIG_DIR
-    from headway.train.loop import TrainConfig
-    from headway.train.accelerator import fill_deepspeed_config
-
-    cfg = TrainConfig(batch_size=4, grad_accum=2, max_grad_norm=0.5)
-    ds = json.loads((CONFIG_DIR / "deepspeed" / "zero3.json").read_text())
-    fill_deepspeed_config(ds, cfg, processes=2, mixed_precision="no")
-    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], ds["train_batch_size"],
-            ds["gradient_clipping"]) == (4, 2, 16, 0.5)
-    for key, value, name in [("train_micro_batch_size_per_gpu", 8, "train.batch_size"),
-                             ("gradient_accumulation_steps", 4, "train.grad_accum"),
-                             ("train_batch_size", 64, "processes")]:
-        bad = {**json.loads((CONFIG_DIR / "deepspeed" / "zero2.json").read_text()), key: value}
-        with pytest.raises(ValueError, match=f"sets {key}={value} .*{name}"):
-            fill_deepspeed_config(bad, cfg, processes=2, mixed_precision="no")
-    with pytest.raises(ValueError, match="enables bf16 .*train.mixed_precision=bf16"):
-        fill_deepspeed_config({"bf16": {"enabled": True}}, cfg, processes=2, mixed_precision="no")

@@ -1,4 +1,8 @@
+"""Medusa's loss: labels, gradients of every head, the simulated acceptance length, chunked = plain."""
+
+import pytest
 import torch
+from tests.train.loss_utils import assert_same, loss_and_grads
 
 from headway.heads import MedusaConfig, MedusaHeads
 from headway.train.losses import head_weights, medusa_loss, summarize
@@ -42,3 +46,30 @@ def test_simulated_acceptance_length_is_logged_beside_the_per_step_accuracy():
     perfect = summarize({f"head{k}/{m}": 5.0 for k in range(4) for m in ("count", "loss_sum", "top1", "top5")})
     assert perfect["simulated_acc_len"] == 4.0 and perfect["simulated_tau"] == 5.0
     assert "simulated_acc_len" not in summarize({"kl_sum": 1.0})
+
+
+@pytest.mark.parametrize("variant", ["full", "draft_vocab", "shared"])
+def test_medusa_loss_chunked_equals_plain(tiny_llama, variant):
+    target = tiny_llama[0]
+    vocab = target.config.vocab_size
+    cfg = MedusaConfig(num_heads=3, num_layers=1, share_lm_head=variant == "shared",
+                       draft_vocab_size=40 if variant == "draft_vocab" else None)
+    torch.manual_seed(0)
+    heads = MedusaHeads.from_target(target, cfg, draft_tokens=torch.arange(3, 43))
+    with torch.no_grad():
+        for p in heads.parameters():  # non-zero blocks so every weight matters
+            p.add_(torch.randn_like(p) * 0.1)
+    hidden = torch.randn(2, 9, 64)
+    ids = torch.randint(0, vocab, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    draft_index = heads.draft_index()
+
+    def run(chunk):
+        return medusa_loss(heads, hidden, ids, mask, [1.0, 0.8, 0.64], draft_index, chunk_size=chunk)
+
+    plain, fused = loss_and_grads(heads, run, 0), loss_and_grads(heads, run, 3)
+    assert_same(plain, fused)
+    if variant == "draft_vocab":
+        assert any(int(c) >= 0 for c in draft_index[ids.flatten()]) and bool((draft_index[ids.flatten()] < 0).any())
+    assert ("lm_heads.0.weight" in fused[2]) == (variant != "shared")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_utils import kill_at_checkpoint
+from tests.train.train_utils import kill_at_checkpoint
 
 import headway.train.medusa2 as m2
 from headway.heads import MedusaHeads, load_drafter
@@ -193,8 +193,7 @@ def test_sampled_wiring_against_the_tuned_target(run, merge, monkeypatch):
     node p is the tuned target's own processed distribution after that node's context (a plain
     forward), the candidates are the heads' top-k on its hidden state, and the output is what the
     rounds accepted (the same exact wiring check as every other drafter; float64 so tolerances are tight)."""
-    sys.path.insert(0, str(ROOT / "tests" / "inference"))
-    from spec_utils import SETTINGS, VerifyRecorder, WiringCase, check_wiring, medusa_check
+    from tests.inference.spec_utils import SETTINGS, VerifyRecorder, WiringCase, check_wiring, medusa_check
 
     out = run["out"]
     tuned, tok = load_target("tiny-random-llama", device="cpu", adapter=out / "adapter", merge=merge)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_utils import kill_at_checkpoint
+from tests.train.train_utils import kill_at_checkpoint
 
 from headway.heads import MedusaHeads, load_drafter
 from headway.train.config import load_config

@@ -1,3 +1,6 @@
+"""The official EAGLE layouts (headway.heads.formats.eagle): ``eagle`` (EAGLE-1) and ``sglang`` (EAGLE-3) as
+FORMATS.md lists them, the speculators layout's round trips beside them, layer ids, and one-line errors."""
+
 import json
 import warnings
 
@@ -5,60 +8,19 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from headway.heads import EagleConfig, EagleHead
-from headway.heads.formats.eagle import (
-    detect_eagle_format,
-    export_eagle,
-    from_engine_layer_ids,
-    import_eagle,
-    to_engine_layer_ids,
-)
-
-LAYER = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-         "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight"]
-LAYER3 = LAYER + ["input_layernorm.weight", "hidden_norm.weight"]
-DRAFT_IDS = list(range(0, 200, 5))  # 40 draft tokens of the tiny target's 218
-
-
-def _noisy(head, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return head
-
-
-def _head(target, version, **kw):
-    return _noisy(EagleHead.from_target(target, version=version, **kw))
-
-
-def _export(head, path, fmt, **kw):
-    with warnings.catch_warnings():  # the tiny 2-layer target's EAGLE-3 layers [0, 1, 2] warn (tested below)
-        warnings.simplefilter("ignore")
-        return export_eagle(head, path, fmt, **kw)
-
-
-def _step(head, target, seed=1):
-    head.bind_target(target)
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, target.config.vocab_size, (2, 5), generator=g)
-    feats = torch.randn(2, 5, head.config.feature_width, generator=g)
-    pos = torch.arange(5).expand(2, 5)
-    with torch.no_grad():
-        return head.logits(head(ids, head.input_hidden(feats), pos))
-
-
-def _files(path):
-    return json.loads((path / "config.json").read_text()), load_file(str(path / "model.safetensors"))
-
+from headway.heads import EagleConfig, EagleHead, load_drafter
+from headway.heads.formats.convert import convert, detect_format, load_any
+from headway.heads.formats.eagle import detect_eagle_format, export_eagle, import_eagle
+from tests.heads.formats.helpers import (DRAFT_IDS, LAYER, LAYER3, config_and_tensors, eagle_head, export_quietly,
+                                         generate, noisy, one_line, quiet, saved, same_tensors, step_logits)
 
 # --- layouts as FORMATS.md lists them ---------------------------------------------------------
 
 def test_eagle_layout(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    head = _head(target, 1)
+    head = eagle_head(target, 1)
     h, v = target.config.hidden_size, target.config.vocab_size
-    config, tensors = _files(_export(head, tmp_path / "e", "eagle"))
+    config, tensors = config_and_tensors(export_quietly(head, tmp_path / "e", "eagle"))
     expected = {"fc.weight": (h, 2 * h), "fc.bias": (h,), **{f"layers.0.{k}": None for k in LAYER}}
     assert set(tensors) == set(expected)
     assert tensors["fc.weight"].shape == (h, 2 * h) and tensors["layers.0.self_attn.q_proj.weight"].shape == (h, h)
@@ -73,19 +35,19 @@ def test_eagle_layout(tiny_llama, tmp_path):
 
 def test_eagle_layout_without_bias_with_embeddings(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    head = _head(target, 1, fc_bias=False, store_embeddings=True)
-    config, tensors = _files(_export(head, tmp_path / "e", "eagle"))
+    head = eagle_head(target, 1, fc_bias=False, store_embeddings=True)
+    config, tensors = config_and_tensors(export_quietly(head, tmp_path / "e", "eagle"))
     assert config["bias"] is False and "fc.bias" not in tensors
     assert tensors["embed_tokens.weight"].shape == (target.config.vocab_size, target.config.hidden_size)
 
 
 def test_sglang_layout(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    head = _head(target, 3)
+    head = eagle_head(target, 3)
     h, v = target.config.hidden_size, target.config.vocab_size
     with pytest.warns(UserWarning, match=r"feature layer\(s\) \[0, 2\]"):
         out = export_eagle(head, tmp_path / "s", "sglang")
-    config, tensors = _files(out)
+    config, tensors = config_and_tensors(out)
     assert set(tensors) == {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
                             *[f"midlayer.{k}" for k in LAYER3]}
     assert tensors["fc.weight"].shape == (h, 3 * h)
@@ -108,23 +70,23 @@ def _official_eagle3_embedding(folder, target):
     the target's when config.json has no ``target_hidden_size`` (load_emb), then the checkpoint's
     ``embed_tokens.weight`` if it has one (``load_state_dict(strict=False)``), else its random
     initialisation (None here)."""
-    config, tensors = _files(folder)
+    config, tensors = config_and_tensors(folder)
     embedding = None if "target_hidden_size" in config else target.get_input_embeddings().weight
     return tensors.get("embed_tokens.weight", embedding)
 
 
 def test_sglang_exports_give_the_official_eagle3_runtime_the_targets_embedding(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    head = _head(target, 3)
+    head = eagle_head(target, 3)
     emb = target.get_input_embeddings().weight.detach()
-    plain = _export(head, tmp_path / "plain", "sglang")
+    plain = export_quietly(head, tmp_path / "plain", "sglang")
     assert torch.equal(_official_eagle3_embedding(plain, target), emb)
     # with the embedding stored the official runtime reads no file of the target (one it cannot read when the
     # target is saved unsharded): target_hidden_size stays and the stored copy is loaded
-    stored = _export(head, tmp_path / "stored", "sglang", embeddings=emb)
-    assert _files(stored)[0]["target_hidden_size"] == target.config.hidden_size
+    stored = export_quietly(head, tmp_path / "stored", "sglang", embeddings=emb)
+    assert config_and_tensors(stored)[0]["target_hidden_size"] == target.config.hidden_size
     assert torch.equal(_official_eagle3_embedding(stored, target), emb)
-    assert torch.equal(_step(import_eagle(stored), target), _step(head, target))
+    assert torch.equal(step_logits(import_eagle(stored), target), step_logits(head, target))
     with pytest.raises(ValueError, match=r"embedding is \[5, 64\] but the head needs \[218, 64\].*this head's target"):
         export_eagle(head, tmp_path / "bad", "sglang", embeddings=torch.zeros(5, 64))
     with pytest.raises(ValueError, match="only into the 'sglang' layout, not 'speculators'"):
@@ -137,40 +99,21 @@ def test_attention_the_official_eagle_config_cannot_hold_is_exported_with_a_warn
               "original_max_position_embeddings": 64}
     for kw, match in (({"rope_scaling": llama3}, r"official EAGLE runtime refuses this head's rope_scaling"),
                       ({"head_dim": 32}, r"head size as hidden_size / num_attention_heads = 16, not .* head_dim 32")):
-        head = _head(target, 1, **kw)
+        head = eagle_head(target, 1, **kw)
         with pytest.warns(UserWarning, match=match):
             out = export_eagle(head, tmp_path / str(len(match)), "eagle")
-        assert torch.equal(_step(import_eagle(out, num_target_layers=2), target), _step(head, target))
+        assert torch.equal(step_logits(import_eagle(out, num_target_layers=2), target), step_logits(head, target))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        export_eagle(_head(target, 1, rope_scaling={"type": "linear", "factor": 2.0}), tmp_path / "linear", "eagle")
-
-
-def test_speculators_layout(tiny_llama, tmp_path):
-    target, _ = tiny_llama
-    head = _head(target, 3)
-    h, v = target.config.hidden_size, target.config.vocab_size
-    config, tensors = _files(_export(head, tmp_path / "p", "speculators", target_name_or_path="org/target",
-                                     speculative_tokens=5))
-    assert set(tensors) == {"fc.weight", "norm.weight", "lm_head.weight", *[f"layers.0.{k}" for k in LAYER3]}
-    assert tensors["layers.0.self_attn.k_proj.weight"].shape == (32, 2 * h)
-    assert config["speculators_model_type"] == "eagle3" and config["architectures"] == ["Eagle3DraftModel"]
-    layer = config["transformer_layer_config"]
-    assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1 and layer["vocab_size"] == v
-    assert config["draft_vocab_size"] == v and config["target_hidden_size"] == h
-    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2] and config["norm_before_residual"] is False
-    assert config["speculators_config"] == {
-        "algorithm": "eagle3", "default_proposal_method": "greedy",
-        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1,
-                              "accept_tolerance": 0.0}],
-        "verifier": {"name_or_path": "org/target", "architectures": []}}
+        export_eagle(eagle_head(target, 1, rope_scaling={"type": "linear", "factor": 2.0}), tmp_path / "linear",
+                     "eagle")
 
 
 @pytest.mark.parametrize("fmt", ["sglang", "speculators"])
 def test_reduced_vocabulary_tensors(tiny_llama, tmp_path, fmt):
     target, _ = tiny_llama
-    head = _head(target, 3, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
-    config, tensors = _files(_export(head, tmp_path / fmt, fmt))
+    head = eagle_head(target, 3, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
+    config, tensors = config_and_tensors(export_quietly(head, tmp_path / fmt, fmt))
     assert config["draft_vocab_size"] == 40
     assert tensors["lm_head.weight"].shape == (40, target.config.hidden_size)
     assert tensors["d2t"].dtype == torch.int64 and tensors["d2t"].shape == (40,)
@@ -179,6 +122,26 @@ def test_reduced_vocabulary_tensors(tiny_llama, tmp_path, fmt):
 
 
 # --- round trips --------------------------------------------------------------------------------
+
+EAGLE_CASES = {
+    "eagle": ("eagle", 1, {}),
+    "sglang-reduced": ("sglang", 3, {"draft_vocab_size": 40, "draft_tokens": DRAFT_IDS}),
+    "speculators": ("speculators", 3, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(EAGLE_CASES))
+def test_eagle_round_trip_bit_exact(tiny_llama, tmp_path, case):
+    target, _ = tiny_llama
+    fmt, version, kw = EAGLE_CASES[case]
+    head = eagle_head(target, version, **kw)
+    mid = quiet(convert, saved(head, tmp_path / "src"), tmp_path / "mid", fmt)
+    assert detect_format(mid) == fmt
+    back = load_drafter(convert(mid, tmp_path / "back", "headway", target=target))
+    assert back.config == head.config
+    same_tensors(back, head)
+    assert generate(target, load_any(mid)) == generate(target, head)
+
 
 CASES = {
     "eagle": ("eagle", 1, {}),
@@ -194,15 +157,15 @@ CASES = {
 def test_round_trip_bit_exact(tiny_llama, tmp_path, case):
     target, _ = tiny_llama
     fmt, version, kw = CASES[case]
-    head = _head(target, version, **kw)
-    out = _export(head, tmp_path / case, fmt)
+    head = eagle_head(target, version, **kw)
+    out = export_quietly(head, tmp_path / case, fmt)
     assert detect_eagle_format(out) == fmt
     back = import_eagle(out)
     assert back.config == head.config
     a, b = head.state_dict(), back.state_dict()
     assert a.keys() == b.keys()
     assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
-    assert torch.equal(_step(back, target), _step(head, target))
+    assert torch.equal(step_logits(back, target), step_logits(head, target))
     assert import_eagle(out, fmt, version=version).config == head.config
     # generation with the imported drafter is the original's, round by round (static and dynamic trees)
     from headway.inference import SpeculativeGenerator
@@ -216,31 +179,31 @@ def test_round_trip_bit_exact(tiny_llama, tmp_path, case):
 
 def test_bfloat16_round_trip_keeps_dtype(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    head = _head(target, 3)
+    head = eagle_head(target, 3)
     for p in head.parameters():  # parameters only, as import does: RoPE's inv_freq stays float32
         p.data = p.data.to(torch.bfloat16)
-    out = _export(head, tmp_path / "bf16", "sglang")
+    out = export_quietly(head, tmp_path / "bf16", "sglang")
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
     back = import_eagle(out)
     assert back.fc.weight.dtype == torch.bfloat16 and back.rotary_emb.inv_freq.dtype == torch.float32
-    assert torch.equal(_step(back, target), _step(head, target))
+    assert torch.equal(step_logits(back, target), step_logits(head, target))
 
 
 def test_eagle1_drops_reduced_vocabulary(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    head = _head(target, 1, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
-    config, tensors = _files(_export(head, tmp_path / "e", "eagle"))
+    head = eagle_head(target, 1, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
+    config, tensors = config_and_tensors(export_quietly(head, tmp_path / "e", "eagle"))
     assert not {"d2t", "t2d"} & set(tensors) and config["vocab_size"] == target.config.vocab_size
     back = import_eagle(tmp_path / "e")
     assert back.config.draft_vocab_size is None
-    full, draft = _step(back, target), _step(head, target)  # [.., 218] vs [.., 40]: the same rows
+    full, draft = step_logits(back, target), step_logits(head, target)  # [.., 218] vs [.., 40]: the same rows
     assert torch.equal(full[..., DRAFT_IDS], draft)
 
 
 def test_unsorted_feature_layers_are_sorted_with_fc(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    head = _head(target, 3, feature_layers=[2, 0, 1])
-    out = _export(head, tmp_path / "u", "sglang")
+    head = eagle_head(target, 3, feature_layers=[2, 0, 1])
+    out = export_quietly(head, tmp_path / "u", "sglang")
     back = import_eagle(out)
     assert back.config.feature_layers == [0, 1, 2]
     h = target.config.hidden_size
@@ -255,20 +218,10 @@ def test_unsorted_feature_layers_are_sorted_with_fc(tiny_llama, tmp_path):
 
 # --- layer ids ------------------------------------------------------------------------------------
 
-def test_engine_layer_id_conventions():
-    # headway / transformers hidden_states ids [2, 16, 29] of a 32-layer target (inputs of those layers)
-    assert to_engine_layer_ids([2, 16, 29], "vllm") == [2, 16, 29]
-    assert to_engine_layer_ids([2, 16, 29], "sglang") == [1, 15, 28]
-    for engine in ("vllm", "sglang"):
-        assert from_engine_layer_ids(to_engine_layer_ids([0, 5, 32], engine), engine) == [0, 5, 32]
-    with pytest.raises(ValueError, match="unknown engine"):
-        to_engine_layer_ids([1], "trt")
-
-
 def _deep_head(**kw):
     cfg = EagleConfig(hidden_size=64, vocab_size=100, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=128, num_target_layers=32, version=3, **kw)
-    return _noisy(EagleHead(cfg))
+    return noisy(EagleHead(cfg))
 
 
 def test_deep_target_layer_ids_round_trip(tmp_path):
@@ -317,7 +270,7 @@ def test_naively_copied_layer_ids_are_refused(tmp_path):
 @pytest.fixture
 def sglang_folder(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    return _export(_head(target, 3, draft_vocab_size=40, draft_tokens=DRAFT_IDS), tmp_path / "s", "sglang")
+    return export_quietly(eagle_head(target, 3, draft_vocab_size=40, draft_tokens=DRAFT_IDS), tmp_path / "s", "sglang")
 
 
 def _edit_tensors(folder, edit):
@@ -327,15 +280,11 @@ def _edit_tensors(folder, edit):
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def _one_line(exc_info):
-    assert "\n" not in str(exc_info.value)
-
-
 def test_missing_tensor(sglang_folder):
     _edit_tensors(sglang_folder, lambda t: t.pop("midlayer.hidden_norm.weight"))
     with pytest.raises(ValueError, match=r"lacks tensor\(s\) \['midlayer.hidden_norm.weight'\]") as err:
         import_eagle(sglang_folder)
-    _one_line(err)
+    one_line(err)
 
 
 def test_missing_d2t_of_a_reduced_vocabulary(sglang_folder):
@@ -348,7 +297,7 @@ def test_wrong_shape(sglang_folder):
     _edit_tensors(sglang_folder, lambda t: t.update({"norm.weight": torch.ones(63)}))
     with pytest.raises(ValueError, match=r"norm.weight has shape \(63,\), the config implies \(64,\)") as err:
         import_eagle(sglang_folder)
-    _one_line(err)
+    one_line(err)
 
 
 def test_unknown_tensor(sglang_folder):
@@ -361,30 +310,30 @@ def test_version_and_format_mismatch(tiny_llama, tmp_path, sglang_folder):
     target, _ = tiny_llama
     with pytest.raises(ValueError, match=r"EAGLE-3 drafter .* EAGLE-1 was asked for \(version=1\)") as err:
         import_eagle(sglang_folder, version=1)
-    _one_line(err)
+    one_line(err)
     with pytest.raises(ValueError, match=r"'sglang' layout \(EAGLE-3\) but fmt='eagle' \(EAGLE-1\)"):
         import_eagle(sglang_folder, "eagle")
-    e1 = _export(_head(target, 1), tmp_path / "e", "eagle")
+    e1 = export_quietly(eagle_head(target, 1), tmp_path / "e", "eagle")
     with pytest.raises(ValueError, match=r"EAGLE-1 drafter .* EAGLE-3 was asked for"):
         import_eagle(e1, version=3)
     with pytest.raises(ValueError, match="EAGLE-3 drafters but this head is EAGLE-1; export it as 'eagle'"):
-        export_eagle(_head(target, 1), tmp_path / "x", "sglang")
+        export_eagle(eagle_head(target, 1), tmp_path / "x", "sglang")
     with pytest.raises(ValueError, match="EAGLE-1 drafters but this head is EAGLE-3; export it as 'sglang' or"):
-        export_eagle(_head(target, 3), tmp_path / "x", "eagle")
+        export_eagle(eagle_head(target, 3), tmp_path / "x", "eagle")
 
 
 def test_foreign_configs(tiny_llama, tmp_path):
     target, _ = tiny_llama
     native = tmp_path / "native"
-    _head(target, 3).save_pretrained(native)
+    eagle_head(target, 3).save_pretrained(native)
     with pytest.raises(ValueError, match="headway's own format"):
         import_eagle(native)
     plain = tmp_path / "plain"
     target.save_pretrained(plain)
     with pytest.raises(ValueError, match="not an EAGLE drafter") as err:
         import_eagle(plain)
-    _one_line(err)
-    spec = _export(_head(target, 3), tmp_path / "p", "speculators")
+    one_line(err)
+    spec = export_quietly(eagle_head(target, 3), tmp_path / "p", "speculators")
     _edit_config(spec, lambda c: c.pop("norm_before_residual"))
     with pytest.raises(ValueError, match="lacks norm_before_residual"):
         import_eagle(spec)
@@ -407,13 +356,13 @@ def test_keywords_that_contradict_the_folder(sglang_folder):
 def test_export_refusals_and_atomic_replace(tiny_llama, tmp_path):
     target, _ = tiny_llama
     with pytest.raises(ValueError, match="no fc bias"):
-        export_eagle(_head(target, 3, fc_bias=True), tmp_path / "b", "sglang")
+        export_eagle(eagle_head(target, 3, fc_bias=True), tmp_path / "b", "sglang")
     with pytest.raises(ValueError, match="unknown EAGLE export format"):
-        export_eagle(_head(target, 3), tmp_path / "b", "medusa")
+        export_eagle(eagle_head(target, 3), tmp_path / "b", "medusa")
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
-    head = _head(target, 1)
+    head = eagle_head(target, 1)
     with pytest.raises(ValueError, match="not empty; .* overwrite=True"):
         export_eagle(head, out, "eagle")
     assert (out / "keep.txt").exists()
@@ -421,42 +370,3 @@ def test_export_refusals_and_atomic_replace(tiny_llama, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folders left beside it
     export_eagle(head, tmp_path / "empty", "eagle")  # a missing folder is created
-
-
-# --- a real reader --------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("reduced", [False, True])
-def test_speculators_package_loads_the_export(tiny_llama, tmp_path, reduced):
-    pytest.importorskip("speculators")
-    from speculators import SpeculatorModel
-
-    target, _ = tiny_llama
-    verifier = tmp_path / "target"
-    target.save_pretrained(verifier)
-    kw = {"draft_vocab_size": 40, "draft_tokens": DRAFT_IDS} if reduced else {}
-    head = _head(target, 3, **kw)
-    out = _export(head, tmp_path / "p", "speculators", target_name_or_path=str(verifier))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = SpeculatorModel.from_pretrained(str(out))
-    assert type(model).__name__ == "Eagle3DraftModel"
-    assert model.config.eagle_aux_hidden_state_layer_ids == [0, 1, 2]
-    assert model.config.speculators_config.verifier.architectures == ["LlamaForCausalLM"]
-    theirs = model.state_dict()
-    for key, value in head.state_dict().items():
-        assert torch.equal(theirs[key.replace("midlayer.", "layers.0.")], value), key
-    # Their layer on their modules gives our logits. The embedding is the target's (speculators 0.9.0
-    # refills it from the verifier only when it sees NaN, which transformers 5.24 does not leave there).
-    model.config.transformer_layer_config._attn_implementation = "sdpa"
-    ids, pos = torch.randint(0, 218, (1, 6)), torch.arange(6)[None]
-    feats = torch.randn(1, 6, head.config.feature_width)
-    with torch.no_grad():
-        model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-        x = torch.cat([model.embed_tokens(ids), model.fc(feats)], dim=-1)
-        out_h = model.layers[0](x, attention_mask=None, position_ids=pos,
-                                position_embeddings=model.rotary_emb(x, pos))
-        out_h = out_h[0] if isinstance(out_h, tuple) else out_h
-        theirs_logits = model.lm_head(model.norm(out_h))
-        head.bind_target(target)
-        mine = head.logits(head(ids, head.input_hidden(feats), pos))
-    torch.testing.assert_close(theirs_logits, mine)

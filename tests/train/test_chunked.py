@@ -1,15 +1,12 @@
 """The fused, row-chunked linear cross-entropy equals the plain loss (value, counts, every gradient)
-and keeps no [n, V] tensor for backward; the Medusa and EAGLE losses give the same results chunked."""
+and keeps no [n, V] tensor for backward (the Medusa and EAGLE losses chunked: test_losses.py,
+test_eagle_losses.py)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from headway.heads import EagleHead, MedusaConfig, MedusaHeads
-from headway.heads.target.features import capture_features
 from headway.train.chunked import linear_cross_entropy
-from headway.train.eagle_losses import eagle1_loss, eagle3_loss
-from headway.train.losses import medusa_loss
 
 N, H, V = 11, 6, 17
 
@@ -144,79 +141,3 @@ def test_zero3_partitioned_weight_goes_through_its_module():
     loss, _, _ = linear_cross_entropy(x, lin.weight, labels, project=project, chunk_size=4)
     assert calls == [(N, H)]
     torch.testing.assert_close(loss, F.cross_entropy(lin(x), labels, reduction="sum", ignore_index=-1))
-
-
-def _loss_and_grads(module, fn, chunk):
-    module.zero_grad(set_to_none=True)
-    loss, metrics = fn(chunk)
-    loss.backward()
-    grads = {k: p.grad.clone() for k, p in module.named_parameters() if p.grad is not None}
-    return loss.detach(), {k: float(v) for k, v in metrics.items()}, grads
-
-
-def _assert_same(a, b):
-    (la, ma, ga), (lb, mb, gb) = a, b
-    torch.testing.assert_close(la, lb, rtol=1e-6, atol=1e-6)
-    assert ma.keys() == mb.keys() and ga.keys() == gb.keys() and ga
-    for k in ma:
-        assert ma[k] == pytest.approx(mb[k], rel=1e-5, abs=1e-5), k
-    assert all(float(ma[k]) == float(mb[k]) for k in ma if not k.endswith("_sum"))  # counts: exact
-    for k in ga:
-        assert torch.allclose(ga[k], gb[k], rtol=1e-4, atol=1e-6), k
-
-
-@pytest.mark.parametrize("variant", ["full", "draft_vocab", "shared"])
-def test_medusa_loss_chunked_equals_plain(tiny_llama, variant):
-    target = tiny_llama[0]
-    vocab = target.config.vocab_size
-    cfg = MedusaConfig(num_heads=3, num_layers=1, share_lm_head=variant == "shared",
-                       draft_vocab_size=40 if variant == "draft_vocab" else None)
-    torch.manual_seed(0)
-    heads = MedusaHeads.from_target(target, cfg, draft_tokens=torch.arange(3, 43))
-    with torch.no_grad():
-        for p in heads.parameters():  # non-zero blocks so every weight matters
-            p.add_(torch.randn_like(p) * 0.1)
-    hidden = torch.randn(2, 9, 64)
-    ids = torch.randint(0, vocab, (2, 9))
-    mask = torch.ones_like(ids)
-    mask[0, :4] = 0
-    draft_index = heads.draft_index()
-
-    def run(chunk):
-        return medusa_loss(heads, hidden, ids, mask, [1.0, 0.8, 0.64], draft_index, chunk_size=chunk)
-
-    plain, fused = _loss_and_grads(heads, run, 0), _loss_and_grads(heads, run, 3)
-    _assert_same(plain, fused)
-    if variant == "draft_vocab":
-        assert any(int(c) >= 0 for c in draft_index[ids.flatten()]) and bool((draft_index[ids.flatten()] < 0).any())
-    assert ("lm_heads.0.weight" in fused[2]) == (variant != "shared")
-
-
-@pytest.mark.parametrize("version", [1, 3])
-def test_eagle_losses_chunked_equal_plain(tiny_llama, version):
-    target = tiny_llama[0]
-    torch.manual_seed(version)
-    extra = {"draft_vocab_size": 60, "draft_tokens": torch.arange(5, 65)} if version == 3 else {}
-    head = EagleHead.from_target(target, version=version, **extra)
-    with torch.no_grad():
-        for p in head.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * 0.05)
-    head.bind_target(target)
-    ids = torch.randint(5, 120, (2, 10))
-    mask = torch.ones_like(ids)
-    mask[1, :5] = 0
-    layers = head.config.feature_layers + [2] * (2 not in head.config.feature_layers)
-    with torch.no_grad():
-        feats, logits = capture_features(target, ids, layers, with_logits=True)
-    last = feats[..., -64:]
-    rows = head.draft_rows(target.lm_head.weight.detach()).float()
-    draft_index = head.draft_index()
-
-    def run(chunk):
-        if version == 1:
-            return eagle1_loss(head, last, ids, mask, rows, draft_index, noise=0.0, chunk_size=chunk)
-        return eagle3_loss(head, feats[..., :head.config.feature_width], last, ids, mask, rows, draft_index,
-                           logits.argmax(-1), steps=3, chunk_size=chunk)
-
-    _assert_same(_loss_and_grads(head, run, 0), _loss_and_grads(head, run, 4))

@@ -1,11 +1,12 @@
-"""The epoch order of the training loop: a plain shuffle by default, length-grouped batches on request."""
+"""The training loop's pure parts: the epoch order (a plain shuffle by default, length-grouped batches on
+request) and the learning-rate schedule (the loop itself runs in every method's tests and test_distributed.py)."""
 
 import random
 
 import pytest
 import torch
 
-from headway.train.loop import TrainConfig, epoch_order
+from headway.train.loop import TrainConfig, epoch_order, lr_lambda
 
 
 def _padding(lengths, order, batch):
@@ -36,3 +37,15 @@ def test_grouped_order_covers_every_sequence_once_and_cuts_padding():
 def test_negative_group_is_refused():
     with pytest.raises(ValueError, match="group_by_length must be >= 0"):
         TrainConfig(group_by_length=-1)
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+    total, warmup, floor = 110, 10, 0.1
+    assert [lr_lambda(s, total, warmup, floor) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert lr_lambda(warmup, total, warmup, floor) == pytest.approx(1.0)  # the peak, then the decay
+    assert lr_lambda(60, total, warmup, floor) == pytest.approx(floor + (1 - floor) * 0.5)  # half way down
+    assert lr_lambda(total, total, warmup, floor) == pytest.approx(floor)
+    assert lr_lambda(total + 50, total, warmup, floor) == pytest.approx(floor)  # stays at the floor
+    lrs = [lr_lambda(s, total, warmup, floor) for s in range(warmup, total + 1)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    assert lr_lambda(0, 5, 0, 0.0) == 1.0 and lr_lambda(5, 5, 0, 0.0) == pytest.approx(0.0)  # no warmup

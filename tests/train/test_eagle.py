@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_utils import kill_at_checkpoint
+from tests.train.train_utils import kill_at_checkpoint
 
 from headway.heads import EagleHead, load_drafter
 from headway.heads.target.features import capture_features

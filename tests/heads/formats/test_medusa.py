@@ -1,76 +1,18 @@
+"""The Medusa layouts (headway.heads.formats.medusa): official FasterDecoding v0.1, TGI's version 2 and vLLM's
+MedusaModel, each as FORMATS.md lists it, computed as their readers compute it, round trips, and refusals."""
+
 import json
-import warnings
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from headway.heads import EagleHead, MedusaHeads, load_drafter
-from headway.heads.formats.convert import FORMATS, convert, detect_format, export_any, load_any
+from headway.heads import load_drafter
+from headway.heads.formats.convert import convert, detect_format, export_any, load_any
 from headway.heads.formats.medusa import read_medusa_pt
-
-DRAFT_IDS = list(range(0, 200, 5))  # 40 draft tokens of the tiny target's 218
-PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 5, 6]])
-H, V = 64, 218  # the tiny target's hidden size and vocabulary
-
-
-def _noisy(module, seed=0, skip=()):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if not name.startswith(skip):
-                p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return module
-
-
-def _medusa(target, noisy_lm_heads=True, **kw):
-    heads = MedusaHeads.from_target(target, **{"num_heads": 3, **kw})
-    return _noisy(heads, skip=() if noisy_lm_heads else ("lm_heads",))
-
-
-def _eagle(target, version, **kw):
-    return _noisy(EagleHead.from_target(target, version=version, **kw))
-
-
-def _save(drafter, path):
-    drafter.save_pretrained(path)
-    return path
-
-
-def _quiet(fn, *args, **kw):
-    with warnings.catch_warnings():  # EAGLE-3 layers [0, 1, 2] of the 2-layer tiny target warn (eagle_formats tests)
-        warnings.simplefilter("ignore")
-        return fn(*args, **kw)
-
-
-def _same_tensors(a, b):
-    a, b = a.state_dict(), b.state_dict()
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-
-
-def _generate(target, drafter):
-    from headway.inference import SpeculativeGenerator
-
-    out = SpeculativeGenerator(target, drafter, tree="tree-7").generate(PROMPT, max_new_tokens=12)
-    return out.sequences.tolist(), out.stats.accepted_per_step
-
-
-def _medusa_logits(target, heads):
-    heads.bind_target(target)
-    with torch.no_grad():
-        return heads(torch.randn(2, 5, H, generator=torch.Generator().manual_seed(3)))
-
-
-def _files(folder):
-    return sorted(p.name for p in folder.iterdir())
-
-
-def _one_line(err):
-    assert "\n" not in str(err.value)
-
+from tests.heads.formats.helpers import (DRAFT_IDS, PROMPT, H, V, file_names, generate, medusa_heads, medusa_logits,
+                                         noisy, one_line, saved, same_tensors)
 
 # --- round trips: headway -> FORMAT -> headway ------------------------------------------------------
 
@@ -89,101 +31,73 @@ MEDUSA_CASES = {
 def test_medusa_round_trip_bit_exact(tiny_llama, tmp_path, case):
     target, _ = tiny_llama
     fmt, kw = MEDUSA_CASES[case]
-    heads = _medusa(target, **kw)
-    mid = convert(_save(heads, tmp_path / "src"), tmp_path / "mid", fmt, target=target)
+    heads = medusa_heads(target, **kw)
+    mid = convert(saved(heads, tmp_path / "src"), tmp_path / "mid", fmt, target=target)
     assert detect_format(mid) == fmt
     back = convert(mid, tmp_path / "back", "headway", target=target)
-    assert detect_format(back) == "headway" and _files(back) == ["README.md", "config.json", "model.safetensors"]
+    assert detect_format(back) == "headway" and file_names(back) == ["README.md", "config.json", "model.safetensors"]
     again = load_drafter(back)
     assert again.config == heads.config
-    _same_tensors(again, heads)
-    assert torch.equal(_medusa_logits(target, again), _medusa_logits(target, heads))
+    same_tensors(again, heads)
+    assert torch.equal(medusa_logits(target, again), medusa_logits(target, heads))
     # generation with the converted drafter is the original's, round by round
-    assert _generate(target, load_any(mid, target=target)) == _generate(target, heads)
+    assert generate(target, load_any(mid, target=target)) == generate(target, heads)
 
 
 def test_shared_heads_in_v01_carry_copies_of_the_target_lm_head(tiny_llama, tmp_path):
     target, _ = tiny_llama
     target.save_pretrained(tmp_path / "target")  # the target as a folder: loaded for its lm_head
-    heads = _medusa(target, share_lm_head=True)
-    back = load_any(convert(_save(heads, tmp_path / "src"), tmp_path / "v01", "medusa-v0.1",
+    heads = medusa_heads(target, share_lm_head=True)
+    back = load_any(convert(saved(heads, tmp_path / "src"), tmp_path / "v01", "medusa-v0.1",
                             target=str(tmp_path / "target")))
     assert back.config.share_lm_head is False  # v0.1 stores a projection per head
     for k in range(3):
         assert torch.equal(back.lm_heads[k].weight, target.lm_head.weight)
         assert torch.equal(back.blocks[k][0].linear.weight, heads.blocks[k][0].linear.weight)
-    assert torch.equal(_medusa_logits(target, back), _medusa_logits(target, heads))
-    assert _generate(target, back) == _generate(target, heads)
+    assert torch.equal(medusa_logits(target, back), medusa_logits(target, heads))
+    assert generate(target, back) == generate(target, heads)
 
 
 def test_own_lm_heads_equal_to_the_target_fit_v2(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    heads = _medusa(target, noisy_lm_heads=False)  # trained blocks, projections still the target's lm_head
-    out = convert(_save(heads, tmp_path / "src"), tmp_path / "v2", "medusa-v2", target=target)
+    heads = medusa_heads(target, noisy_lm_heads=False)  # trained blocks, projections still the target's lm_head
+    out = convert(saved(heads, tmp_path / "src"), tmp_path / "v2", "medusa-v2", target=target)
     back = load_any(out)
     assert back.config.share_lm_head is True and back.config.vocab_size == V
-    assert torch.equal(_medusa_logits(target, back), _medusa_logits(target, heads))
+    assert torch.equal(medusa_logits(target, back), medusa_logits(target, heads))
 
 
 @pytest.mark.parametrize("family", ["tiny_llama", "tiny_qwen2"])
 def test_vllm_shared_projection_without_a_target_becomes_copies(request, tmp_path, family):
     target, _ = request.getfixturevalue(family)
-    heads = _medusa(target, share_lm_head=True, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
-    out = convert(_save(heads, tmp_path / "src"), tmp_path / "vllm", "vllm-medusa", target=target)
+    heads = medusa_heads(target, share_lm_head=True, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
+    out = convert(saved(heads, tmp_path / "src"), tmp_path / "vllm", "vllm-medusa", target=target)
     back = load_any(out)  # nothing to compare original_lm_head with: each head keeps the stored projection
     assert back.config.share_lm_head is False and back.config.draft_vocab_size == 40
     for k in range(3):
         assert torch.equal(back.lm_heads[k].weight, target.lm_head.weight[DRAFT_IDS])
-    assert torch.equal(_medusa_logits(target, back), _medusa_logits(target, heads))
-    assert _generate(target, back) == _generate(target, heads)
+    assert torch.equal(medusa_logits(target, back), medusa_logits(target, heads))
+    assert generate(target, back) == generate(target, heads)
 
 
 @pytest.mark.parametrize("fmt", ["medusa-v0.1", "medusa-v2", "vllm-medusa"])
 def test_bfloat16_round_trip_keeps_dtype(tiny_llama, tmp_path, fmt):
     target, _ = tiny_llama
-    heads = _medusa(target, share_lm_head=fmt == "medusa-v2").to(torch.bfloat16)
+    heads = medusa_heads(target, share_lm_head=fmt == "medusa-v2").to(torch.bfloat16)
     out = export_any(heads, tmp_path / "out", fmt, target=target)
     back = load_any(out)
     assert back.blocks[0][0].linear.weight.dtype == torch.bfloat16
-    _same_tensors(back, heads)
-
-
-EAGLE_CASES = {
-    "eagle": ("eagle", 1, {}),
-    "sglang-reduced": ("sglang", 3, {"draft_vocab_size": 40, "draft_tokens": DRAFT_IDS}),
-    "speculators": ("speculators", 3, {}),
-}
-
-
-@pytest.mark.parametrize("case", list(EAGLE_CASES))
-def test_eagle_round_trip_bit_exact(tiny_llama, tmp_path, case):
-    target, _ = tiny_llama
-    fmt, version, kw = EAGLE_CASES[case]
-    head = _eagle(target, version, **kw)
-    mid = _quiet(convert, _save(head, tmp_path / "src"), tmp_path / "mid", fmt)
-    assert detect_format(mid) == fmt
-    back = load_drafter(convert(mid, tmp_path / "back", "headway", target=target))
-    assert back.config == head.config
-    _same_tensors(back, head)
-    assert _generate(target, load_any(mid)) == _generate(target, head)
-
-
-def test_headway_to_headway(tiny_llama, tmp_path):
-    target, _ = tiny_llama
-    heads = _medusa(target)
-    out = convert(_save(heads, tmp_path / "src"), tmp_path / "copy", "headway")
-    assert json.loads((out / "config.json").read_text()) == json.loads((tmp_path / "src" / "config.json").read_text())
-    _same_tensors(load_drafter(out), heads)
+    same_tensors(back, heads)
 
 
 # --- each layout as FORMATS.md lists it -------------------------------------------------------------
 
 def test_medusa_v01_layout(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    heads = _medusa(target, num_layers=2)
+    heads = medusa_heads(target, num_layers=2)
     heads.config.base_model_name_or_path = "org/target"
-    out = convert(_save(heads, tmp_path / "src"), tmp_path / "v01", "medusa-v0.1", allow_official_misread=True)
-    assert _files(out) == ["config.json", "medusa_lm_head.pt"]
+    out = convert(saved(heads, tmp_path / "src"), tmp_path / "v01", "medusa-v0.1", allow_official_misread=True)
+    assert file_names(out) == ["config.json", "medusa_lm_head.pt"]
     config = json.loads((out / "config.json").read_text())
     assert config == {"medusa_num_heads": 3, "medusa_num_layers": 2, "base_model_name_or_path": "org/target"}
     tensors = torch.load(out / "medusa_lm_head.pt", map_location="cpu", weights_only=True)
@@ -221,16 +135,16 @@ def _official_medusa_logits(folder, x):
 def test_medusa_v01_is_refused_where_the_official_code_would_compute_it_wrongly(tiny_llama, tmp_path):
     target, _ = tiny_llama
     x = torch.randn(2, 5, H, generator=torch.Generator().manual_seed(3))
-    one = _medusa(target)
-    out = convert(_save(one, tmp_path / "one"), tmp_path / "v01-one", "medusa-v0.1")
+    one = medusa_heads(target)
+    out = convert(saved(one, tmp_path / "one"), tmp_path / "v01-one", "medusa-v0.1")
     with torch.no_grad():
         expected = torch.stack([one.lm_heads[k](one.blocks[k](x)) for k in range(3)])
     assert torch.allclose(_official_medusa_logits(out, x), expected, atol=1e-6)
-    deep = _save(_medusa(target, num_layers=2), tmp_path / "deep")
+    deep = saved(medusa_heads(target, num_layers=2), tmp_path / "deep")
     with pytest.raises(ValueError, match=r"2 ResBlocks each, but the official Medusa code .* one ResBlock object "
                                          r"repeated .*\(--allow-official-misread\)") as err:
         convert(deep, tmp_path / "v01-deep", "medusa-v0.1")
-    _one_line(err)
+    one_line(err)
     assert not (tmp_path / "v01-deep").exists()
     out = convert(deep, tmp_path / "v01-deep", "medusa-v0.1", allow_official_misread=True)  # what the flag writes:
     heads = load_any(out)  # headway (and vLLM) read the blocks apart,
@@ -241,9 +155,9 @@ def test_medusa_v01_is_refused_where_the_official_code_would_compute_it_wrongly(
 
 def test_medusa_v2_layout_scores_with_the_base_lm_head(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    heads = _medusa(target, share_lm_head=True)
-    out = convert(_save(heads, tmp_path / "src"), tmp_path / "v2", "medusa-v2")
-    assert _files(out) == ["config.json", "medusa_lm_head.safetensors"]
+    heads = medusa_heads(target, share_lm_head=True)
+    out = convert(saved(heads, tmp_path / "src"), tmp_path / "v2", "medusa-v2")
+    assert file_names(out) == ["config.json", "medusa_lm_head.safetensors"]
     config = json.loads((out / "config.json").read_text())
     assert config == {"version": "2", "medusa_num_heads": 3, "medusa_num_layers": 1, "base_model_name_or_path": None,
                       "hidden_size": H, "vocab_size": V}
@@ -255,14 +169,14 @@ def test_medusa_v2_layout_scores_with_the_base_lm_head(tiny_llama, tmp_path):
     with torch.no_grad():
         theirs = torch.stack([target.lm_head(x + nn.functional.silu(nn.functional.linear(
             x, tensors[f"{i}.0.linear.weight"], tensors[f"{i}.0.linear.bias"]))) for i in range(3)])
-    assert torch.equal(theirs, _medusa_logits(target, heads))
+    assert torch.equal(theirs, medusa_logits(target, heads))
 
 
 def test_vllm_medusa_layout(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    heads = _medusa(target, num_layers=2)
-    out = convert(_save(heads, tmp_path / "src"), tmp_path / "vllm", "vllm-medusa")
-    assert _files(out) == ["config.json", "model.safetensors"]
+    heads = medusa_heads(target, num_layers=2)
+    out = convert(saved(heads, tmp_path / "src"), tmp_path / "vllm", "vllm-medusa")
+    assert file_names(out) == ["config.json", "model.safetensors"]
     config = json.loads((out / "config.json").read_text())
     assert config == {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": H, "vocab_size": V,
                       "num_heads": 3, "num_hidden_layers": 2, "medusa_fc_bias": True, "torch_dtype": "float32",
@@ -293,8 +207,8 @@ def _vllm_logits(tensors, config, x, k):
 @pytest.mark.parametrize("shared", [False, True])
 def test_vllm_reduced_vocabulary_as_vllm_reads_it(tiny_llama, tmp_path, shared):
     target, _ = tiny_llama
-    heads = _medusa(target, share_lm_head=shared, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
-    out = convert(_save(heads, tmp_path / "src"), tmp_path / "vllm", "vllm-medusa", target=target)
+    heads = medusa_heads(target, share_lm_head=shared, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
+    out = convert(saved(heads, tmp_path / "src"), tmp_path / "vllm", "vllm-medusa", target=target)
     config = json.loads((out / "config.json").read_text())
     tensors = load_file(str(out / "model.safetensors"))
     assert config["truncated_vocab_size"] == 40 and config.get("original_lm_head", False) is shared
@@ -303,24 +217,11 @@ def test_vllm_reduced_vocabulary_as_vllm_reads_it(tiny_llama, tmp_path, shared):
     assert sorted(k for k in tensors if k.startswith("lm_heads")) == projections
     assert all(tensors[p].shape == (40, H) for p in projections)
     x = torch.randn(2, 5, H, generator=torch.Generator().manual_seed(3))
-    mine = _medusa_logits(target, heads)  # [3, 2, 5, 40] over the draft vocabulary
+    mine = medusa_logits(target, heads)  # [3, 2, 5, 40] over the draft vocabulary
     for k in range(3):
         theirs = _vllm_logits(tensors, config, x, k)  # [2, 5, 218]
         assert torch.equal(theirs[..., DRAFT_IDS], mine[k])
         assert torch.equal(theirs.argmax(-1), heads.to_target_ids(mine[k].argmax(-1)))
-
-
-def test_speculators_keeps_its_verifier(tiny_llama, tmp_path):
-    target, tokenizer = tiny_llama
-    folder = tmp_path / "target"
-    target.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    out = _quiet(convert, _save(_eagle(target, 3), tmp_path / "src"), tmp_path / "p", "speculators",
-                 target=str(folder), speculative_tokens=4)
-    config = json.loads((out / "config.json").read_text())
-    verifier = config["speculators_config"]["verifier"]
-    assert verifier == {"name_or_path": str(folder), "architectures": ["LlamaForCausalLM"]}
-    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
 
 
 # --- a foreign official Medusa v0.1 checkpoint ------------------------------------------------------
@@ -362,7 +263,7 @@ def test_official_v01_folder_loads(tiny_llama, tmp_path):
     x = torch.randn(2, 5, H)
     with torch.no_grad():
         assert torch.equal(heads(x), torch.stack([head(x) for head in official]))
-    sequences, _ = _generate(target, heads)
+    sequences, _ = generate(target, heads)
     assert sequences == target.generate(PROMPT, max_new_tokens=12, do_sample=False).tolist()
     # and back into the official layout: the same tensor names and values
     out = convert(tmp_path / "official", tmp_path / "again", "medusa-v0.1")
@@ -388,101 +289,35 @@ def test_pickle_that_needs_code_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"needs arbitrary code to unpickle.*weights_only=True.*Unsupported global: "
                                          r"GLOBAL .*_ran_code was not an allowed global by default\); re-save") as err:
         load_any(tmp_path / "official")
-    _one_line(err)
+    one_line(err)
     (tmp_path / "official" / "medusa_lm_head.pt").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="not a readable torch checkpoint") as err:
         load_any(tmp_path / "official")
-    _one_line(err)
+    one_line(err)
 
 
 # --- refusals and bad input -------------------------------------------------------------------------
 
-def test_unknown_formats(tiny_llama, tmp_path):
-    target, _ = tiny_llama
-    src = _save(_medusa(target), tmp_path / "src")
-    for call in (lambda: convert(src, tmp_path / "o", "medusa-v3"), lambda: load_any(src, "vllm"),
-                 lambda: convert(src, tmp_path / "o", "headway", fmt_from="official")):
-        with pytest.raises(ValueError, match=r"unknown .*format .*; choose one of \['headway', 'medusa-v0.1'") as err:
-            call()
-        _one_line(err)
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['speculative_token'\]"):
-        convert(src, tmp_path / "o", "vllm-medusa", speculative_token=3)
-    assert FORMATS == ("headway", "medusa-v0.1", "medusa-v2", "vllm-medusa", "eagle", "sglang", "speculators")
-
-
-def test_drafter_kind_the_format_cannot_hold(tiny_llama, tmp_path):
-    target, _ = tiny_llama
-    medusa = _save(_medusa(target), tmp_path / "m")
-    for fmt in ("sglang", "eagle", "speculators"):
-        with pytest.raises(ValueError, match=f"Medusa drafters cannot be written as '{fmt}'.*'vllm-medusa'") as err:
-            convert(medusa, tmp_path / "o", fmt)
-        _one_line(err)
-    eagle3 = _save(_eagle(target, 3), tmp_path / "e")
-    with pytest.raises(ValueError, match=r"EAGLE-3 drafters cannot be written as 'vllm-medusa' \(vLLM MedusaModel\)"):
-        convert(eagle3, tmp_path / "o", "vllm-medusa")
-    with pytest.raises(ValueError, match=r"EAGLE-3 drafters cannot be written as 'eagle' \(EAGLE-1\).*'sglang', 'speculators'\]"):
-        convert(eagle3, tmp_path / "o", "eagle")
-    eagle1 = _save(_eagle(target, 1), tmp_path / "e1")
-    with pytest.raises(ValueError, match=r"EAGLE-1/2 drafters cannot be written as 'sglang'.*\['headway', 'eagle'\]"):
-        convert(eagle1, tmp_path / "o", "sglang")
-    assert not (tmp_path / "o").exists()
-
-
 def test_shared_or_own_lm_heads_a_layout_cannot_hold(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    shared = _save(_medusa(target, share_lm_head=True), tmp_path / "shared")
+    shared = saved(medusa_heads(target, share_lm_head=True), tmp_path / "shared")
     for fmt in ("medusa-v0.1", "vllm-medusa"):
         with pytest.raises(ValueError, match=r"share the target's lm_head .* pass the target \(--target\)") as err:
             convert(shared, tmp_path / "o", fmt)
-        _one_line(err)
-    own = _save(_medusa(target), tmp_path / "own")
+        one_line(err)
+    own = saved(medusa_heads(target), tmp_path / "own")
     with pytest.raises(ValueError, match=r"their own lm_heads; pass the target \(--target\)"):
         convert(own, tmp_path / "o", "medusa-v2")
     with pytest.raises(ValueError, match=r"lm_heads of head\(s\) \[0, 1, 2\] differ from it"):
         convert(own, tmp_path / "o", "medusa-v2", target=target)
-    deep = _save(_medusa(target, share_lm_head=True, num_layers=2), tmp_path / "deep")
+    deep = saved(medusa_heads(target, share_lm_head=True, num_layers=2), tmp_path / "deep")
     with pytest.raises(ValueError, match="one ResBlock per head .* these heads have 2"):
         convert(deep, tmp_path / "o", "medusa-v2")
 
 
-def test_reduced_vocabulary_in_a_format_without_one(tiny_llama, tmp_path):
-    target, _ = tiny_llama
-    reduced = _save(_medusa(target, draft_vocab_size=40, draft_tokens=DRAFT_IDS), tmp_path / "m")
-    for fmt in ("medusa-v0.1", "medusa-v2"):
-        with pytest.raises(ValueError, match=f"the '{fmt}' layout has no reduced draft vocabulary .* 40 of 218") as err:
-            convert(reduced, tmp_path / "o", fmt, target=target)
-        _one_line(err)
-    eagle1 = _save(_eagle(target, 1, draft_vocab_size=40, draft_tokens=DRAFT_IDS), tmp_path / "e")
-    with pytest.raises(ValueError, match="'eagle' layout has no reduced draft vocabulary.*widen_vocab"):
-        convert(eagle1, tmp_path / "o", "eagle")
-    back = load_any(convert(eagle1, tmp_path / "o", "eagle", widen_vocab=True))
-    assert back.config.draft_vocab_size is None
-
-
-def test_folders_that_are_not_drafter_checkpoints(tiny_llama, tmp_path):
-    target, _ = tiny_llama
-    target.save_pretrained(tmp_path / "model")
-    with pytest.raises(ValueError, match=r"not a drafter checkpoint headway reads \(found config "
-                                         r"\{'architectures': \['LlamaForCausalLM'\], 'model_type': 'llama'\}") as err:
-        detect_format(tmp_path / "model")
-    _one_line(err)
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "notes.txt").write_text("hi")
-    with pytest.raises(ValueError, match=r"no config.json, so it is not a drafter checkpoint \(found \['notes.txt'\]"):
-        convert(tmp_path / "empty", tmp_path / "o", "headway")
-    with pytest.raises(ValueError, match=r"not a drafter checkpoint folder \(found nothing there\)"):
-        load_any(tmp_path / "missing")
-    with pytest.raises(ValueError, match=r"not a drafter checkpoint folder \(found a file there\)"):
-        detect_format(tmp_path / "empty" / "notes.txt")
-    (tmp_path / "full").mkdir()
-    (tmp_path / "full" / "config.json").write_text(json.dumps({"medusa_num_heads": 5, "medusa_num_layers": 1}))
-    with pytest.raises(ValueError, match="neither medusa_lm_head.pt nor medusa_lm_head.safetensors"):
-        detect_format(tmp_path / "full")
-
-
 def test_foreign_files_that_do_not_match_their_config(tiny_llama, tmp_path):
     target, _ = tiny_llama
-    out = convert(_save(_medusa(target), tmp_path / "src"), tmp_path / "vllm", "vllm-medusa")
+    out = convert(saved(medusa_heads(target), tmp_path / "src"), tmp_path / "vllm", "vllm-medusa")
     config_path, weights_path = out / "config.json", out / "model.safetensors"
     tensors = load_file(str(weights_path))
     config = json.loads(config_path.read_text())
@@ -496,7 +331,7 @@ def test_foreign_files_that_do_not_match_their_config(tiny_llama, tmp_path):
     save_file({k: v for k, v in tensors.items() if k != "lm_heads.1.weight"}, str(weights_path))
     with pytest.raises(ValueError, match=r"missing \['lm_heads.1.weight'\], unexpected \[\]") as err:
         load_any(out)
-    _one_line(err)
+    one_line(err)
     save_file({**tensors, "blocks.0.layers.0.bias": torch.zeros(3)}, str(weights_path))
     with pytest.raises(ValueError, match=r"wrong shapes \['blocks.0.layers.0.bias \(3,\) \(expected \(64,\)\)'\]"):
         load_any(out)
@@ -513,48 +348,17 @@ def test_vllm_heads_without_bias_and_with_full_projections(tiny_llama, tmp_path)
     """What vLLM itself accepts: bias-free blocks (medusa_fc_bias false) and full-vocabulary lm_heads that
     token_map slices at load."""
     target, _ = tiny_llama
-    heads = _medusa(target, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
+    heads = medusa_heads(target, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
     with torch.no_grad():
         for seq in heads.blocks:
             seq[0].linear.bias.zero_()
-    out = convert(_save(heads, tmp_path / "src"), tmp_path / "vllm", "vllm-medusa")
+    out = convert(saved(heads, tmp_path / "src"), tmp_path / "vllm", "vllm-medusa")
     tensors = load_file(str(out / "model.safetensors"))
-    full = _noisy(nn.Linear(H, V, bias=False), seed=4).weight.detach()
+    full = noisy(nn.Linear(H, V, bias=False), seed=4).weight.detach()
     full[DRAFT_IDS] = tensors["lm_heads.0.weight"]
     tensors = {k: v for k, v in tensors.items() if not k.endswith(".bias")} | {"lm_heads.0.weight": full}
     save_file(tensors, str(out / "model.safetensors"))
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "medusa_fc_bias": False}))
     back = load_any(out)
-    _same_tensors(back, heads)
-
-
-def test_target_that_does_not_fit(tiny_llama, tiny_qwen2, tmp_path):
-    target, _ = tiny_llama
-    shared = _save(_medusa(target, share_lm_head=True), tmp_path / "shared")
-    other, _ = tiny_qwen2
-    wide = type(other)(type(other.config)(**{**other.config.to_dict(), "vocab_size": 300}))
-    with pytest.raises(ValueError, match="vocab_size 218 does not match the target's vocab_size 300"):
-        convert(shared, tmp_path / "o", "medusa-v0.1", target=wide)
-    with pytest.raises(ValueError, match=r"cannot load the target '.*nowhere' \(") as err:
-        convert(shared, tmp_path / "o", "medusa-v0.1", target=str(tmp_path / "nowhere"))
-    _one_line(err)
-    with pytest.raises(ValueError, match="num_target_layers=2 but num_target_layers=5 was passed"):
-        _quiet(load_any, _quiet(convert, _save(_eagle(target, 3), tmp_path / "e"), tmp_path / "s", "sglang"),
-               num_target_layers=5)
-
-
-def test_refuses_to_overwrite(tiny_llama, tmp_path):
-    target, _ = tiny_llama
-    src = _save(_medusa(target), tmp_path / "src")
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "keep.txt").write_text("user data")
-    with pytest.raises(ValueError, match="not empty; .* overwrite=True"):
-        convert(src, tmp_path / "out", "medusa-v0.1")
-    assert _files(tmp_path / "out") == ["keep.txt"]
-    convert(src, tmp_path / "out", "medusa-v0.1", overwrite=True)
-    assert _files(tmp_path / "out") == ["config.json", "medusa_lm_head.pt"]
-    with pytest.raises(ValueError, match="is the source folder"):
-        convert(src, src, "headway", overwrite=True)
-    with pytest.raises(ValueError, match="cannot convert a Linear"):
-        export_any(nn.Linear(2, 2), tmp_path / "x", "headway")
+    same_tensors(back, heads)

@@ -1,12 +1,12 @@
 """EAGLE drafters in the runtime: greedy output equals target.generate token for token (20 prompts) for EAGLE-1 and
 EAGLE-3 over static and EAGLE-2 dynamic trees on two model families (with non-trivial acceptance),
-the drafter's cache stays the context, dynamic trees are well formed, and bad trees are refused."""
+the drafter's cache stays the context, and bad trees are refused (the dynamic trees' expansion itself:
+test_expand.py)."""
 
 import pytest
 import torch
 
 from headway.inference import DynamicTree, EagleProposer, SpeculativeGenerator, as_proposer
-from headway.inference.expand import expand_dynamic
 
 CASES = {  # name: (version, tree, floor on tau over the first 20 prompts)
     "eagle1-chain": (1, "chain-4", 1.2),
@@ -53,57 +53,6 @@ def test_draft_cache_holds_the_context_only(family, eagle):
     out = gen.generate(family.prompts[0], max_new_tokens=20)
     # after the last round the cache holds one entry per context position that had a feature
     assert len(drafter._cache) == drafter._seen == out.sequences.shape[1] - 1 - out.stats.accepted_per_step[-1]
-
-
-def test_dynamic_tree_shape_and_scores():
-    """EAGLE-2: expand the top_k best nodes per level, rerank all, keep total_tokens; closed under ancestors."""
-    torch.manual_seed(0)
-    table = {}  # a fixed random drafter: logits depend on the node's token and depth only
-
-    def feed(exp, nodes):
-        return torch.stack([table.setdefault((exp.tokens[n], exp.depths[n]), torch.randn(20) * 3) for n in nodes])
-
-    settings = DynamicTree(depth=4, top_k=3, total_tokens=9)
-    draft = expand_dynamic(settings, 10, 7, torch.randn(20) * 3, feed)
-    tree = draft.tree
-    assert tree.size == 10 and draft.q is None and tree.depth <= 4 and draft.tokens[0] == 7
-    assert all(tree.parents[i] < i for i in range(1, tree.size))
-    assert all(len(c) <= 3 for c in tree.children)
-    truncated = expand_dynamic(settings, 2, 7, torch.randn(20), feed)
-    assert truncated.tree.depth <= 2 and truncated.tree.size == 10  # 3 + 9 candidates, best 9 kept
-    assert expand_dynamic(settings, 0, 7, torch.randn(20), feed).tree.size == 1
-
-
-@pytest.mark.parametrize("depth,top_k,total", [(5, 3, 7), (6, 4, 15), (3, 4, 7), (4, 2, 30)])
-def test_dynamic_tree_pruning_keeps_eagle2_tree_and_feeds_fewer_rows(depth, top_k, total):
-    """Skipping frontier nodes that already rank below total_tokens candidates changes nothing kept."""
-    fed = {True: 0, False: 0}
-
-    def drafter(prune):
-        table = {}  # logits depend on the whole path (as a drafter's attention over its ancestors does)
-
-        def feed(exp, nodes):
-            fed[prune] += len(nodes)
-            rows = []
-            for n in nodes:
-                path, m = [], n
-                while m >= 0:
-                    path.append(exp.tokens[m])
-                    m = exp.parents[m]
-                gen = torch.Generator().manual_seed(hash((seed, *path)) % 2**31)
-                rows.append(torch.randn(50, generator=gen) * 2)
-            return torch.stack(rows)
-        return feed
-
-    settings = DynamicTree(depth=depth, top_k=top_k, total_tokens=total)
-    unpruned = DynamicTree.from_spec({"depth": depth, "top_k": top_k, "total_tokens": total, "prune": 0})
-    assert unpruned.name.endswith("-unpruned") and not unpruned.prune
-    for seed in range(40):
-        root = torch.randn(50, generator=torch.Generator().manual_seed(seed)) * 2
-        a = expand_dynamic(settings, 10, 7, root, drafter(True))
-        b = expand_dynamic(unpruned, 10, 7, root, drafter(False))
-        assert a.tree.parents == b.tree.parents and torch.equal(a.tokens, b.tokens)
-    assert fed[True] < fed[False] or total >= top_k ** 2 * depth
 
 
 def test_bad_trees(family, eagle):

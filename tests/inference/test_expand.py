@@ -1,0 +1,138 @@
+"""Growing draft trees level by level: static trees take each parent's rank-r candidate (or draws without
+replacement, with q), EAGLE-2 dynamic trees keep the best total_tokens candidates closed under ancestors,
+pruning feeds fewer rows for the same tree, and every fed node sees its context, ancestors and itself."""
+
+import pytest
+import torch
+
+from headway.inference import DynamicTree
+from headway.inference.expand import Expansion, expand_dynamic, expand_static, feed_mask
+from headway.inference.tree import Tree
+from headway.inference.verify import SamplingParams
+
+
+def test_dynamic_tree_shape_and_scores():
+    """EAGLE-2: expand the top_k best nodes per level, rerank all, keep total_tokens; closed under ancestors."""
+    torch.manual_seed(0)
+    table = {}  # a fixed random drafter: logits depend on the node's token and depth only
+
+    def feed(exp, nodes):
+        return torch.stack([table.setdefault((exp.tokens[n], exp.depths[n]), torch.randn(20) * 3) for n in nodes])
+
+    settings = DynamicTree(depth=4, top_k=3, total_tokens=9)
+    draft = expand_dynamic(settings, 10, 7, torch.randn(20) * 3, feed)
+    tree = draft.tree
+    assert tree.size == 10 and draft.q is None and tree.depth <= 4 and draft.tokens[0] == 7
+    assert all(tree.parents[i] < i for i in range(1, tree.size))
+    assert all(len(c) <= 3 for c in tree.children)
+    truncated = expand_dynamic(settings, 2, 7, torch.randn(20), feed)
+    assert truncated.tree.depth <= 2 and truncated.tree.size == 10  # 3 + 9 candidates, best 9 kept
+    assert expand_dynamic(settings, 0, 7, torch.randn(20), feed).tree.size == 1
+
+
+@pytest.mark.parametrize("depth,top_k,total", [(5, 3, 7), (6, 4, 15), (3, 4, 7), (4, 2, 30)])
+def test_dynamic_tree_pruning_keeps_eagle2_tree_and_feeds_fewer_rows(depth, top_k, total):
+    """Skipping frontier nodes that already rank below total_tokens candidates changes nothing kept."""
+    fed = {True: 0, False: 0}
+
+    def drafter(prune):
+        def feed(exp, nodes):  # logits depend on the whole path (as a drafter's attention over its ancestors does)
+            fed[prune] += len(nodes)
+            rows = []
+            for n in nodes:
+                path, m = [], n
+                while m >= 0:
+                    path.append(exp.tokens[m])
+                    m = exp.parents[m]
+                gen = torch.Generator().manual_seed(hash((seed, *path)) % 2**31)
+                rows.append(torch.randn(50, generator=gen) * 2)
+            return torch.stack(rows)
+        return feed
+
+    settings = DynamicTree(depth=depth, top_k=top_k, total_tokens=total)
+    unpruned = DynamicTree.from_spec({"depth": depth, "top_k": top_k, "total_tokens": total, "prune": 0})
+    assert unpruned.name.endswith("-unpruned") and not unpruned.prune
+    for seed in range(40):
+        root = torch.randn(50, generator=torch.Generator().manual_seed(seed)) * 2
+        a = expand_dynamic(settings, 10, 7, root, drafter(True))
+        b = expand_dynamic(unpruned, 10, 7, root, drafter(False))
+        assert a.tree.parents == b.tree.parents and torch.equal(a.tokens, b.tokens)
+    assert fed[True] < fed[False] or total >= top_k ** 2 * depth
+
+
+def test_expansion_adds_nodes_and_knows_their_ancestors():
+    exp = Expansion([-1], [7], [0])
+    a = exp.add(0, 3)
+    b = exp.add(a, 4)
+    c = exp.add(0, 5)
+    assert (a, b, c) == (1, 2, 3) and exp.parents == [-1, 0, 1, 0] and exp.depths == [0, 1, 2, 1]
+    assert exp.tokens == [7, 3, 4, 5] and exp.ancestors(b) == {1, 2} and exp.ancestors(0) == set()
+
+
+def test_feed_mask_shows_the_context_the_fed_ancestors_and_the_node_itself():
+    exp = Expansion([-1, 0, 0, 1, 2], [7, 3, 4, 5, 6], [0, 1, 1, 2, 2])
+    exp.fed = [1, 2]  # depth 1 was fed; now depth 2 is
+    mask = feed_mask(exp, [3, 4], 5, torch.float32, "cpu")
+    assert mask.shape == (1, 1, 2, 5 + 2 + 2)
+    seen = (mask[0, 0] == 0).int().tolist()
+    # columns: 5 context entries, then nodes 1, 2 (fed), then nodes 3, 4 (fed now)
+    assert seen == [[1, 1, 1, 1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 1, 0, 1, 0, 1]]
+    assert (mask[mask != 0] == torch.finfo(torch.float32).min).all()
+
+
+def token_drafter(vocab: int = 12, seed: int = 0, offset: int = 0):
+    """A drafter whose logits after a node depend on its token only (token ids ``offset`` + its own
+    index), and the feed calls it saw."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(vocab, vocab, generator=g, dtype=torch.float64) * 2
+    calls = []
+
+    def feed(exp, nodes):
+        calls.append(list(nodes))
+        return table[[exp.tokens[n] - offset for n in nodes]]
+    return table, feed, calls
+
+
+def test_static_greedy_takes_each_parents_rank_r_candidate():
+    tree = Tree([-1, 0, 0, 1, 1, 2], ranks=[0, 0, 1, 0, 1, 0])
+    table, feed, calls = token_drafter()
+    root = table[7]
+    draft = expand_static(tree, 7, root, feed, None, None)
+    assert draft.q is None and draft.tokens[0] == 7 and draft.tree is tree
+    assert calls == [[1, 2]]  # the nodes with children, one level per call (the root's logits are given)
+    for node in range(1, tree.size):
+        parent = tree.parents[node]
+        logits = root if parent == 0 else table[int(draft.tokens[parent])]
+        assert draft.tokens[node] == logits.topk(2).indices[tree.ranks[node]]
+        p = logits.float().softmax(-1)[draft.tokens[node]]
+        assert draft.scores[node] == pytest.approx(draft.scores[parent] * float(p))
+    assert draft.scores[0] == 1.0
+
+
+def test_static_sampling_draws_distinct_children_and_reports_q():
+    tree = Tree([-1, 0, 0, 0, 1])
+    table, feed, _ = token_drafter(offset=100)
+    params = SamplingParams(1.0)
+    draft = expand_static(tree, 7, table[7], feed, params, torch.Generator().manual_seed(0),
+                          to_target=lambda ids: ids + 100, widen=lambda q: torch.cat([q.new_zeros(100), q]))
+    assert set(draft.q) == {0, 1}  # the nodes with children
+    kids = draft.tokens[tree.children[0]]
+    assert len(set(kids.tolist())) == 3 and bool((kids >= 100).all())  # drawn without replacement, as target ids
+    for node, q in draft.q.items():
+        assert q.shape == (112,) and float(q.sum()) == pytest.approx(1.0) and float(q[:100].sum()) == 0
+        assert bool((q[draft.tokens[tree.children[node]]] > 0).all())
+    again = expand_static(tree, 7, table[7], feed, params, torch.Generator().manual_seed(0),
+                          to_target=lambda ids: ids + 100, widen=lambda q: torch.cat([q.new_zeros(100), q]))
+    assert torch.equal(draft.tokens, again.tokens)  # the generator is the only randomness
+
+
+def test_dynamic_tree_settings():
+    assert DynamicTree().name == "dynamic-d5-k4-n10"
+    # strings are read as numbers; "total_token" is EAGLE's own spelling
+    assert DynamicTree.from_spec({"depth": "3", "total_token": 6}) == DynamicTree(depth=3, total_tokens=6)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        DynamicTree(top_k=0)
+    with pytest.raises(ValueError, match="unknown dynamic tree setting\\(s\\) \\['width'\\]"):
+        DynamicTree.from_spec({"width": 3})
+    with pytest.raises(ValueError, match="bad dynamic tree settings"):
+        DynamicTree.from_spec({"depth": "deep"})

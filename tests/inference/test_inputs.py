@@ -1,0 +1,77 @@
+"""What every generation path checks first: the settings, and the prompt against the target's config."""
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from headway.inference.inputs import check_generation, check_prompt, check_settings, context_length
+
+
+@pytest.fixture(scope="module")
+def config():
+    return LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       max_position_embeddings=12)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(max_new_tokens=1),
+    dict(max_new_tokens=64, temperature=0.7, top_k=5, top_p=0.9),
+    dict(max_new_tokens=3, temperature=1, top_p=1),
+], ids=["greedy", "sampling", "ints"])
+def test_good_settings_pass(kwargs):
+    assert check_settings(**kwargs) is None
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
+    (dict(max_new_tokens=True), "max_new_tokens"),  # a bool is not a count
+    (dict(max_new_tokens=2.0), "max_new_tokens"),
+    (dict(max_new_tokens=2, temperature=-0.1), "temperature must be >= 0"),
+    (dict(max_new_tokens=2, temperature=float("nan")), "temperature"),
+    (dict(max_new_tokens=2, top_k=1.5), "top_k"),
+    (dict(max_new_tokens=2, top_p=0.0), "top_p must be in \\(0, 1\\]"),
+], ids=["zero-new", "bool-new", "float-new", "negative-temperature", "nan-temperature", "float-top-k", "zero-top-p"])
+def test_bad_settings_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        check_settings(**kwargs)
+
+
+def test_context_length_reads_max_position_embeddings(config):
+    assert context_length(config) == 12
+
+    class NoPositions:  # a config naming no context (e.g. a state-space model)
+        def get_text_config(self):
+            return self
+
+    assert context_length(NoPositions()) is None
+
+
+def test_prompt_becomes_flat_long_ids(config):
+    for given in (torch.tensor([[3, 4, 5]]), torch.tensor([3, 4, 5]), torch.tensor([3, 4, 5], dtype=torch.int32),
+                  [3, 4, 5]):
+        ids = check_prompt(given, config)
+        assert ids.dtype == torch.long and ids.tolist() == [3, 4, 5]
+    assert check_prompt(torch.arange(11), config).shape == (11,)  # one position left for the first new token
+    assert check_prompt(torch.tensor([0, 49]), config).tolist() == [0, 49]  # both ends of the vocabulary
+
+
+@pytest.mark.parametrize("ids, match", [
+    (torch.tensor([[1, 2], [3, 4]]), "batch size 1; got input_ids of shape \\(2, 2\\)"),
+    (torch.tensor([], dtype=torch.long), "non-empty integer tensor"),
+    (torch.tensor([1.0, 2.0]), "non-empty integer tensor"),
+    (torch.zeros(1, 1, 3, dtype=torch.long), "non-empty integer tensor"),
+    (torch.arange(12), "the prompt has 12 tokens but the model's context is 12"),
+    (torch.tensor([3, 50]), "outside the target's vocabulary \\[0, 50\\)"),
+    (torch.tensor([-1, 3]), "outside the target's vocabulary"),
+], ids=["batch", "empty", "float", "3d", "fills-context", "past-vocab", "negative-id"])
+def test_bad_prompts_are_named(config, ids, match):
+    with pytest.raises(ValueError, match=match):
+        check_prompt(ids, config)
+
+
+def test_check_generation_checks_the_settings_before_the_prompt(config):
+    assert check_generation(config, torch.tensor([[7, 8]]), 4, temperature=1.0, top_p=0.5).tolist() == [7, 8]
+    with pytest.raises(ValueError, match="max_new_tokens"):  # a bad setting is reported even with a bad prompt
+        check_generation(config, torch.tensor([[1, 2], [3, 4]]), 0)
+    with pytest.raises(ValueError, match="batch size 1"):
+        check_generation(config, torch.tensor([[1, 2], [3, 4]]), 4)

@@ -1,0 +1,80 @@
+"""The target's KV cache across rounds: compaction keeps exactly the accepted path (the next forward
+sees prompt + path only), crops roll back, and caches that cannot be compacted are refused."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from headway.inference.kv_cache import check_compactable, compact_cache, crop_to, new_cache
+from headway.inference.tree import load_tree, node_path
+from headway.inference.target_forward import tree_forward
+from tests.inference.spec_utils import causal_logits, prefilled
+
+
+@pytest.mark.parametrize("keep_leaf", [3, 14])
+def test_compaction_leaks_nothing(family_model, keep_leaf):
+    model = family_model
+    tree = load_tree("tree-15")
+    prompt, nodes, cache = prefilled(model, tree, prompt_len=7, seed=1)
+    with torch.no_grad():
+        tree_forward(model, cache, tree, nodes, prefix_len=6)
+        path = node_path(tree.parents, keep_leaf)
+        compact_cache(cache, 6, path, tree.size)
+        assert cache.get_seq_length() == 6 + len(path)
+        # the next forward (two tokens) sees exactly prompt + accepted path
+        nxt = torch.tensor([11, 12])
+        out = model(input_ids=nxt[None], position_ids=torch.arange(6 + len(path), 8 + len(path))[None],
+                    cache=cache, use_cache=True).logits[0]
+    fresh = causal_logits(model, torch.cat([prompt[:-1], nodes[path], nxt]))[-2:]
+    torch.testing.assert_close(out, fresh, rtol=0, atol=1e-10)
+
+
+def test_sliding_window_cache_refused():
+    from transformers import DynamicCache, MistralConfig
+
+    cfg = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=64, sliding_window=16)
+    with pytest.raises(ValueError, match="sliding"):
+        check_compactable(DynamicCache(config=cfg))
+
+
+def _filled(model, length: int):
+    """A new cache after one forward over ``length`` tokens, and a copy of every layer's keys and values."""
+    cache = new_cache(model)
+    ids = torch.arange(4, 4 + length)[None]
+    with torch.no_grad():
+        model(input_ids=ids, cache=cache, use_cache=True)
+    return cache, [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+
+
+def test_new_cache_is_an_empty_compactable_dynamic_cache(tiny_llama):
+    model, _ = tiny_llama
+    cache = new_cache(model)
+    assert isinstance(cache, DynamicCache) and cache.get_seq_length() == 0
+    assert len(cache.layers) == model.config.num_hidden_layers
+    assert all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+@pytest.mark.parametrize("keep", [[0, 2, 5], [1, 3], [0, 1, 2], [0, 1, 2, 3, 4, 5]])
+def test_compact_cache_keeps_exactly_the_kept_entries(tiny_llama, keep):
+    """After the first 4 entries only the entries at offsets ``keep`` of the 6 written stay, in order."""
+    model, _ = tiny_llama
+    cache, before = _filled(model, 10)
+    compact_cache(cache, 4, keep, 6)
+    assert cache.get_seq_length() == 4 + len(keep)
+    rows = list(range(4)) + [4 + k for k in keep]
+    for layer, (keys, values) in zip(cache.layers, before):
+        assert layer.keys.shape[2] == len(rows)
+        assert torch.equal(layer.keys, keys[:, :, rows]) and torch.equal(layer.values, values[:, :, rows])
+
+
+def test_crop_to_drops_the_entries_after_the_context(tiny_llama):
+    model, _ = tiny_llama
+    cache, before = _filled(model, 9)
+    crop_to(cache, 6)
+    assert cache.get_seq_length() == 6
+    assert all(torch.equal(layer.keys, keys[:, :, :6]) and torch.equal(layer.values, values[:, :, :6])
+               for layer, (keys, values) in zip(cache.layers, before))
+    crop_to(cache, 8)  # already shorter: unchanged
+    assert cache.get_seq_length() == 6
