@@ -31,6 +31,7 @@ def test_default_target_shape_and_features(smollm2):
     torch.testing.assert_close(model.lm_head(feats), out.logits, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow  # trains the real default model
 def test_few_training_steps_export_and_reload(smollm2, tmp_path):
     out = tmp_path / "heads"
     cfg = load_config(MedusaRunConfig, CONFIG, [

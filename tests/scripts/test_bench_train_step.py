@@ -2,9 +2,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # runs training steps of every variant
 def test_bench_train_step_runs_as_typed_and_compares_variants():
     """`python scripts/bench_train_step.py ...` on the tiny EAGLE-3 config: one line per variant, the first the baseline."""
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_train_step.py"), "--config", "configs/eagle/eagle3-tiny.yaml",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.train.data_utils import _isolated  # noqa: F401  (autouse: own HF and headway caches)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "generate_data.py"
 CHATML = (
@@ -23,12 +24,6 @@ CHATML = (
 )
 WORDS = "hello world how are you fine thanks what is this a test good bye one two three four".split()
 PROMPTS = [f"{WORDS[i % 18]} {WORDS[(3 * i) % 18]} {WORDS[(5 * i + 1) % 18]} {i}" for i in range(10)]
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HEADWAY_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # measures the default target's verification cost
 def test_verify_cost_runs_as_typed_and_reports_each_ratio():
     """`python scripts/verify_cost.py ...` as gpu_check.sh runs it (here on CPU with a tiny target)."""
     cmd = [sys.executable, str(ROOT / "scripts" / "verify_cost.py"), "--model", "tiny-random-llama", "--device", "cpu",

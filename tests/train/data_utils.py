@@ -1,6 +1,17 @@
-"""Helpers shared by the data tests: a word-level tokenizer built in code, JSONL records."""
+"""Helpers shared by the data tests: a word-level tokenizer built in code, JSONL records, and the
+autouse fixture that gives each test its own Hugging Face and headway caches (import it into a test
+module to apply it there)."""
 
 import json
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HEADWAY_CACHE", str(tmp_path / "cache"))
+
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -8,6 +8,7 @@ import pytest
 from tests.train.data_utils import CHATML, word_tokenizer
 
 from headway.train import chat_template as T
+from tests.train.data_utils import _isolated  # noqa: F401  (autouse: own HF and headway caches)
 
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Llama-2 chat: the system prompt is folded into the first user turn and there is no
@@ -31,12 +32,6 @@ CONVO = [
     {"role": "user", "content": "And of Italy?"},
     {"role": "assistant", "content": "Rome, of course!"},
 ]
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HEADWAY_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")

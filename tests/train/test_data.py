@@ -4,12 +4,7 @@ import pytest
 from tests.train.data_utils import word_records, word_tokenizer, write_jsonl
 
 from headway.train import data as D
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HEADWAY_CACHE", str(tmp_path / "cache"))
+from tests.train.data_utils import _isolated  # noqa: F401  (autouse: own HF and headway caches)
 
 
 def test_config_validation():

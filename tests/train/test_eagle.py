@@ -241,6 +241,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # launches two training processes
 @pytest.mark.multiprocess
 def test_two_process_cpu_ddp_stays_in_sync(tmp_path):
     out = tmp_path / "ddp"

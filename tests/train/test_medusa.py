@@ -77,6 +77,7 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
     assert steps_logged == sorted(set(steps_logged))
 
 
+@pytest.mark.slow  # launches two training processes
 @pytest.mark.multiprocess
 def test_two_process_cpu_ddp_stays_in_sync(tmp_path):
     out = tmp_path / "ddp"

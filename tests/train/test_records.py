@@ -6,12 +6,7 @@ import pytest
 from tests.train.data_utils import word_records, write_jsonl
 
 from headway.train import records as Rec
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HEADWAY_CACHE", str(tmp_path / "cache"))
+from tests.train.data_utils import _isolated  # noqa: F401  (autouse: own HF and headway caches)
 
 
 def test_normalize_sharegpt():
