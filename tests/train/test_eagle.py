@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.train.train_utils import kill_at_checkpoint
+from tests.train.train_utils import kill_and_resume
 
 from headway.heads import EagleHead, load_drafter
 from headway.heads.target.features import capture_features
@@ -215,24 +215,11 @@ def test_module_and_path_entry_points(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted(tmp_path):
     """SIGKILL mid-run, rerun the same command: final weights equal an uninterrupted run's."""
-    steps = ["train.max_steps=60", "train.save_every=10"]
-    ref = _launch(tmp_path / "ref", *steps)
-    log, _ = ref.communicate(timeout=300)
-    assert ref.returncode == 0, log
-
-    out = tmp_path / "killed"
-    proc = _launch(out, *steps, module=False)
-    kill_at_checkpoint(proc, out / "checkpoints", "step-0000020")
-    assert not (out / "model.safetensors").exists()
-
-    resumed = _launch(out, *steps)
-    log, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, log
-    assert "resumed from" in log
-    assert _same_weights(tmp_path / "ref", out), "the resumed run's drafter differs from the uninterrupted run's"
+    ref, out = kill_and_resume(_launch, tmp_path, ["train.max_steps=60", "train.save_every=10"], "step-0000020")
+    assert _same_weights(ref, out), "the resumed run's drafter differs from the uninterrupted run's"
     steps_logged = [m["step"] for m in _metrics(out) if "loss" in m]
     assert steps_logged == sorted(set(steps_logged)), "metrics were duplicated by the rerun"
-    assert json.loads((out / "eval_metrics.json").read_text()) == json.loads((tmp_path / "ref" / "eval_metrics.json").read_text())
+    assert json.loads((out / "eval_metrics.json").read_text()) == json.loads((ref / "eval_metrics.json").read_text())
 
 
 def _free_port():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.train.train_utils import kill_at_checkpoint
+from tests.train.train_utils import kill_and_resume
 
 from headway.heads import MedusaHeads, load_drafter
 from headway.train.config import load_config
@@ -57,20 +57,8 @@ def _launch(out, *overrides, module=True):
 @pytest.mark.slow  # kill-and-resume in every distributed mode: tests/train/test_distributed.py (slow too)
 def test_kill_and_resume_equals_uninterrupted(tmp_path):
     """SIGKILL mid-run, rerun the same command: final weights equal an uninterrupted run's."""
-    steps = ["train.epochs=6", "train.save_every=10"]
-    ref = _launch(tmp_path / "ref", *steps)
-    assert ref.wait(timeout=300) == 0, ref.stdout.read()
-
-    out = tmp_path / "killed"
-    proc = _launch(out, *steps, module=False)  # also covers running the entry point by path
-    kill_at_checkpoint(proc, out / "checkpoints", "step-0000030")
-    assert not (out / "model.safetensors").exists()
-
-    resumed = _launch(out, *steps)
-    log, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, log
-    assert "resumed from" in log
-    a, b = load_file(str(tmp_path / "ref" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    ref, out = kill_and_resume(_launch, tmp_path, ["train.epochs=6", "train.save_every=10"], "step-0000030")
+    a, b = load_file(str(ref / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # metrics were not duplicated by the rerun
     steps_logged = [m["step"] for m in _metrics(out) if "loss" in m]
