@@ -1,6 +1,11 @@
 """Helpers shared by the training tests."""
 
+import json
+import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 
@@ -33,3 +38,28 @@ def kill_and_resume(launch, tmp_path, steps: list[str], checkpoint: str):
     assert resumed.returncode == 0, log
     assert "resumed from" in log
     return tmp_path / "ref", out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_process_cpu_run(script, config, out, *overrides) -> tuple[subprocess.CompletedProcess, dict]:
+    """``accelerate launch --multi_gpu --num_processes 2`` of a training entry point on CPU (gloo, a free
+    port); asserts it succeeded and the ranks' parameter fingerprints agree; returns the run and its
+    distributed.json."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(script), "--config", str(config),
+           f"train.output_dir={out}", "train.trackers=[]", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    info = json.loads((out / "distributed.json").read_text())
+    # `--multi_gpu` with ACCELERATE_USE_CPU: accelerate reports MULTI_CPU (gloo), two real processes
+    assert info["num_processes"] == 2 and "MULTI" in info["distributed_type"], info
+    rank0, rank1 = info["fingerprints"]
+    assert rank0 == rank1, "ranks diverged: gradients were not synchronised"
+    return res, info
