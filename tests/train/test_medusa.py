@@ -89,7 +89,13 @@ def test_output_dir_with_another_run_is_refused(tmp_path):
         train(tiny_cfg(stray, "train.max_steps=3", "train.trackers=[]"))
 
 
-def test_empty_data_and_not_a_causal_lm(tmp_path):
+def test_empty_data_and_not_a_causal_lm(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    # the Hub id below is looked up offline (this machine has no Hub; online it is a quick 404, offline
+    # without this, ~25 s of connection retries)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     with pytest.raises(ValueError, match="no training examples"):
