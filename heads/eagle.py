@@ -323,14 +323,16 @@ class EagleHead(DraftVocabulary, Drafter):
 
     @classmethod
     def from_pretrained(cls, folder_or_hub_id, *, version: int | None = None, **kwargs):
-        """Load a headway EAGLE checkpoint; ``version`` (1 or 3), when given, must match it."""
-        head = super().from_pretrained(folder_or_hub_id, **kwargs)
+        """Load a headway EAGLE checkpoint; ``version`` (1 or 3), when given, must match it (so must the
+        class's own: ``Eagle3Head.from_pretrained`` of an EAGLE-1 folder is refused in one line)."""
+        head = super(EagleHead, EagleHead).from_pretrained(folder_or_hub_id, **kwargs)  # the folder's version
         if not isinstance(head, EagleHead):
             raise ValueError(f"{folder_or_hub_id} holds a {head.config.drafter_type_name} drafter, not an EAGLE head")
         version = version or cls.version
         if version is not None and head.config.version != version:
+            how = f"version={head.config.version}" if cls is EagleHead else "EagleHead.from_pretrained or load_drafter"
             raise ValueError(f"{folder_or_hub_id} holds an EAGLE-{head.config.version} drafter but EAGLE-{version} "
-                             f"was asked for; load it with version={head.config.version} (the layouts differ)")
+                             f"was asked for; load it with {how} (the layouts differ)")
         return head
 
 

@@ -45,7 +45,7 @@ def test_shapes_and_state_dict_names(target, version):
     assert h.shape == (2, 6, 64) and head.logits(h).shape == (2, 6, head.config.output_size)
 
 
-def test_two_classes_over_one_layer_module(target):
+def test_two_classes_over_one_layer_module(target, tmp_path):
     """EagleHead(config) is the class config.version names; each class refuses the other's config;
     copies keep the class; the layer module is shared (EAGLE-3's differs only in its attention input)."""
     import copy
@@ -60,6 +60,14 @@ def test_two_classes_over_one_layer_module(target):
     assert type(Eagle3Head.from_target(target)) is Eagle3Head and type(Eagle1Head.from_target(target)) is Eagle1Head
     with pytest.raises(ValueError, match="Eagle1Head is EAGLE-1 but the config says version=3"):
         Eagle1Head(h3.config)
+    h1.save_pretrained(tmp_path / "e1")
+    for cls in (EagleHead, Eagle1Head):
+        assert type(cls.from_pretrained(tmp_path / "e1")) is Eagle1Head
+    with pytest.raises(ValueError, match="holds an EAGLE-1 drafter but EAGLE-3 was asked for; load it with "
+                                         "EagleHead.from_pretrained or load_drafter"):
+        Eagle3Head.from_pretrained(tmp_path / "e1")
+    with pytest.raises(ValueError, match="load it with version=1"):
+        EagleHead.from_pretrained(tmp_path / "e1", version=3)
     twin = copy.deepcopy(h3)
     assert type(twin) is Eagle3Head and all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(),
                                                                                h3.state_dict().values()))
