@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary, check_target_compatible
-from headway.heads.eagle_layer import DraftCache, Eagle3Layer, EagleAttention, EagleLayer, TTTKeys  # noqa: F401
+from headway.heads.eagle_layer import DraftCache, Eagle3Layer, EagleLayer, TTTKeys
 from headway.heads.target.features import check_feature_layers, num_layers
 
 

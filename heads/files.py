@@ -3,9 +3,8 @@
 Readers see the old file or the new one, never half of one: each write goes to a temporary name in
 the same folder and is moved onto its own (``atomic_file``); a folder is filled beside its place and
 moved in whole (``atomic_folder`` / ``publish_folder``). Every atomic write in headway goes through
-these. Every file and folder ends with the umask's usual mode
-(0644 / 0755 under umask 022), not the 0600 / 0700 that temporary files and folders are created
-with; safetensors itself writes through such a file. A cluster team shares output folders, and a
+these. Every file and folder ends with the umask's usual mode (0644 / 0755 under umask 022), not the
+0600 / 0700 that temporary files and folders are created with; safetensors itself writes through such a file. A cluster team shares output folders, and a
 serving engine may run as another user.
 """
 
@@ -93,11 +92,9 @@ def publish_folder(tmp, out, *, replace: bool) -> bool:
     except OSError:
         if old is not None and not out.exists():
             os.replace(old, out)  # put the previous contents back
-            old = None
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        raise  # otherwise the previous contents stay in ``old``, never deleted
+    if old is not None:  # the new folder is in place: only now drop the old one
+        shutil.rmtree(old, ignore_errors=True)
     return True
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from headway.heads.registry import DrafterKind, TrainingMethod, register_kind
 
-# The layouts of headway.heads.formats.medusa / eagle_formats (written out: the registry imports no torch;
+# The layouts of headway.heads.formats.medusa / .eagle (written out: the registry imports no torch;
 # tests/heads/test_registry.py checks they are those modules' FORMATS)
 MEDUSA_FORMATS = ("medusa-v0.1", "medusa-v2", "vllm-medusa")
 EAGLE_FORMATS = ("eagle", "sglang", "speculators")

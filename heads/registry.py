@@ -88,9 +88,10 @@ def kinds() -> list[DrafterKind]:
 
 def get_kind(name: str) -> DrafterKind:
     """The kind named ``name`` (ValueError naming the known ones)."""
-    if name not in _KINDS:
+    kind = find_kind(name)
+    if kind is None:
         raise ValueError(f"unknown drafter kind {name!r}; known: {list(_KINDS)}")
-    return _KINDS[name]
+    return kind
 
 
 def find_kind(name: str | None) -> DrafterKind | None:

@@ -32,9 +32,9 @@ def local_tokenizer_vocab(model) -> dict | None:
     if not str(folder) or not folder.is_dir() or not any(
             (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
-    from transformers import AutoTokenizer
+    from headway.heads.target import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder)).get_vocab()
+    return load_tokenizer(str(folder)).get_vocab()
 
 
 class DraftModelProposer(Proposer):

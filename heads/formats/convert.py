@@ -223,6 +223,6 @@ def _target_model(target):
 
 register_converter(Converter("headway", {"headway": "headway's own format"}, _detect_headway, _read_headway,
                              _save_headway))
-register_converter(Converter("medusa", medusa.LAYOUTS, medusa.detect_layout, medusa.read_layout, medusa.write_layout))
+register_converter(Converter("medusa", medusa.LAYOUTS, medusa.detect_medusa_format, medusa.read_layout, medusa.write_layout))
 register_converter(Converter("eagle", eagle.LAYOUTS, eagle.detect_layout, eagle.read_layout, eagle.write_layout))
 FORMATS = formats()  # headway's built-in layouts

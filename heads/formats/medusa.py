@@ -403,13 +403,7 @@ def _local_vocab(config: dict) -> int | None:
     return vocab if isinstance(vocab, int) else None
 
 
-# --- the converter registry's entry (headway.heads.formats.convert) ---------------------------
-
-
-
-def detect_layout(folder: Path, config) -> str | None:
-    return detect_medusa_format(folder, config)
-
+# --- the converter registry's entry (headway.heads.formats.convert; detection: detect_medusa_format) ----
 
 def read_layout(path, fmt: str, model, *, vocab_size: int | None = None, base_model_name_or_path: str | None = None,
                 **options) -> MedusaHeads:

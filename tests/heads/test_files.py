@@ -52,3 +52,28 @@ def test_drafters_exports_and_checkpoints_are_readable_by_the_group(tiny_llama, 
     step = save_checkpoint(tmp_path / "ckpt", 1, model_state=heads.state_dict(), optimizer=opt, loop_state={"step": 1},
                            is_main=True, rank=0, keep=1)
     assert set(modes(step).values()) == {0o755, 0o644}
+
+
+def test_a_failed_folder_move_never_deletes_the_previous_contents(tmp_path, monkeypatch):
+    """publish_folder moves the old folder aside first; if the new one then cannot land (here: another
+    process made ``out`` meanwhile), the old contents are put back or, failing that, kept aside."""
+    from headway.heads import files
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "weights.bin").write_text("previous")
+    tmp = files.temporary_folder(out, ".new-")
+    (tmp / "weights.bin").write_text("new")
+    real = os.replace
+
+    def racing(src, dst):
+        if str(src) == str(tmp):
+            os.mkdir(dst)  # someone else's folder appears at out
+            raise OSError("destination taken")
+        return real(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", racing)
+    with pytest.raises(OSError, match="destination taken"):
+        files.publish_folder(tmp, out, replace=True)
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith(".out.old-")]
+    assert len(kept) == 1 and (kept[0] / "weights.bin").read_text() == "previous"
