@@ -103,13 +103,15 @@ class AutoTree:
         for backoff in (self.drafter_backoff, *self.model_backoff):
             backoff.skip = 0
 
-    def should_draft(self) -> bool:
-        """Whether to draft this round at all (False: a plain step)."""
+    def should_draft(self, gated: bool = False) -> bool:
+        """Whether to draft this round at all (False: a plain step). ``gated``: the drafter asks ``gate``
+        itself whether its costly part drafts (a hybrid), so its backoff is taken there: retrieval
+        drafts every round, as it does alone."""
         self.rounds += 1
         self._gate = None
         if self.cost.plain_passes() < PLAIN_PASSES and self.rounds % PLAIN_EVERY == 0 and self.rate < PLAIN_BELOW:
             return False  # time a one-token step: t(1) as generation sees it
-        return not self.drafter_backoff.take()
+        return gated or not self.drafter_backoff.take()
 
     def gate(self, retrieval: Draft, seconds: float, prefix_len: int) -> bool:
         """A hybrid drafter's question: with ``retrieval`` drafted (in ``seconds``, after ``prefix_len``

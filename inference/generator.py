@@ -191,7 +191,7 @@ class SpeculativeGenerator:
             while stats.new_tokens < max_new_tokens:
                 budget = max_new_tokens - stats.new_tokens
                 t0 = time.perf_counter()
-                drafted = auto is None or auto.should_draft()
+                drafted = auto is None or auto.should_draft(drafter.gated)
                 if drafted:
                     draft = drafter.propose(DraftContext(seq[:length], features, self.tree, budget - 1, sampling,
                                                          generator, gate=auto.gate if auto is not None else None))

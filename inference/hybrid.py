@@ -40,6 +40,7 @@ class HybridProposer(Proposer):
             raise ValueError("a hybrid drafter needs at least one drafter")
         self.drafters = [as_proposer(d) for d in drafters]
         self.max_extra_nodes = max_extra_nodes
+        self.gated = len(self.drafters) > 1  # tree="auto": retrieval drafts every round, the gate decides the rest
         self._others = [None] * (len(self.drafters) - 1)  # the other drafters' own trees (resolve_tree)
         self._pending = None
 

@@ -50,6 +50,9 @@ class Proposer:
     # target layers (transformers hidden_states ids; L = after the final norm) whose features the
     # generator captures with forward hooks and hands over in DraftContext.features; None: no features
     feature_layers: list[int] | None = None
+    # True: ``propose`` asks ``DraftContext.gate`` whether its costly part drafts this round (a hybrid's
+    # model drafter), so tree="auto" never skips the drafter as a whole (its cheap part drafts every round)
+    gated: bool = False
 
     def bind(self, target_model) -> None:
         """Check compatibility with the target (vocabulary, hidden size) and move to its device."""

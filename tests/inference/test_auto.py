@@ -6,7 +6,7 @@ import torch
 
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from headway.inference import cost_curve as cc
-from headway.inference.auto import AutoTree, prune
+from headway.inference.auto import PLAIN_EVERY, AutoTree, prune
 from headway.inference.proposer import Draft, Proposer, as_proposer
 from headway.inference.tree import Tree
 from tests.inference.eagle_utils import train_eagle
@@ -169,3 +169,18 @@ def test_a_hybrid_model_part_that_adds_nothing_to_retrieval_sits_out_and_keeps_i
         assert torch.equal(out.sequences, reference_generate(target, ids, 60, eos_token_id=None))
     rounds = 2 * out.stats.target_forward_passes
     assert reader.calls < 0.6 * rounds, (reader.calls, rounds)
+
+
+def test_a_hybrid_whose_model_part_never_pays_still_retrieves_every_round(models):
+    """The model part's backoff skips the model part only: retrieval (nearly free) drafts every round,
+    as it would alone, also after rounds where nothing was retrieved and the model drafted alone and lost."""
+    target = models["target"]
+    bad = Counting(DraftModelProposer(models["draft"], gamma=4))
+    lookup = Counting(PromptLookup())
+    gen = SpeculativeGenerator(target, [bad, lookup], tree="auto", cost_curve=made_up_curve(0.6, t1=1e-3))
+    ids = torch.tensor([PROMPT[:4]])
+    out = gen.generate(ids, max_new_tokens=60)
+    assert torch.equal(out.sequences, reference_generate(target, ids, 60, eos_token_id=None))
+    passes = out.stats.target_forward_passes  # less every PLAIN_EVERY-th: a plain step timing t(1)
+    assert lookup.calls >= passes - passes // PLAIN_EVERY, (lookup.calls, passes)
+    assert bad.calls < 0.6 * out.stats.target_forward_passes, (bad.calls, out.stats.target_forward_passes)
