@@ -40,7 +40,8 @@ class Draft:
     # (without replacement, in sibling order); a [N, V] tensor or a dict over nodes with children.
     # None: deterministic candidates (top-k ranks, copied n-grams), verified as one-hot drafts.
     scores: list[float] | None = None  # [N] the drafter's own estimate that node i is accepted (root 1.0):
-    # cumulative draft probabilities, continuation frequencies; None: tree="auto" uses the acceptance seen so far
+    # cumulative draft probabilities, continuation frequencies; None: tree="auto" uses the acceptance seen so far.
+    # Sampled drafts (q set): tree="auto" ignores them (cutting by what was drawn would bias the output)
     sources: list[int] | None = None  # [N] which drafter of a hybrid proposed node i (None: all one drafter)
 
 
