@@ -48,6 +48,17 @@ class EagleAttention(nn.Module):
         self.v_proj = nn.Linear(in_width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
 
+    def write_kv(self, x, cos, sin, cache: DraftCache) -> None:
+        """Only the keys and values of ``x`` [B, T, in_width] (rotated, as ``forward`` computes them),
+        appended to ``cache``: context positions whose outputs nobody reads."""
+        from transformers.models.llama.modeling_llama import rotate_half
+
+        b, t, _ = x.shape
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
+        cache.append(k * cos + rotate_half(k) * sin, v)
+
     def forward(self, x, cos, sin, mask=None, cache: DraftCache | None = None, ttt: TTTKeys | None = None):
         # x: [B, T, in_width]; cos/sin: [B, T, D]; mask: additive [B or 1, 1, T, S] or None (causal)
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -134,6 +145,10 @@ class EagleLayer(nn.Module):
     def attention_input(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         # x: [B, T, H] -> what q/k/v read
         return x
+
+    def write_context(self, x, emb, cos, sin, cache: DraftCache) -> None:
+        """Positions whose outputs are never read: only their keys/values go into ``cache``."""
+        self.self_attn.write_kv(self.attention_input(x, emb), cos, sin, cache)
 
     def forward(self, x, emb, cos, sin, mask=None, cache=None, ttt=None):
         # x: [B, T, H] the layer input; emb: [B, T, H] the tokens' embeddings

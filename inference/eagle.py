@@ -94,7 +94,9 @@ class EagleProposer(Proposer):
         device = self._device
         ids = ctx.tokens[self._seen + 1:length][None]  # [1, n]: x[j+1] paired with f[j]
         positions = torch.arange(self._seen, length - 1, device=device)[None]
-        h = head(ids, head.input_hidden(ctx.features)[None], positions, cache=self._cache)  # [1, n, H]
+        # only the last position's output is read: the others just write their keys/values (a long prompt's
+        # catch-up costs a quarter of the full layer over it)
+        h = head.extend(ids, head.input_hidden(ctx.features)[None], positions, self._cache)  # [1, 1, H]
         self._seen = length - 1
         root_h = h[0, -1]  # predicted feature after the root
         root_logits = head.logits(root_h)  # [V']

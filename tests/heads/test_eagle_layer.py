@@ -22,6 +22,25 @@ def test_cached_steps_equal_one_causal_pass(target, version):
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("version", [1, 3])
+def test_extend_writes_the_context_keys_and_returns_the_last_output(target, version):
+    """The runtime's catch-up (only the last position runs the whole layer) leaves the cache a full pass
+    leaves and returns that pass's last row, after a cached prefix and from an empty cache."""
+    head = make_head(target, version)
+    ids = torch.randint(4, 200, (1, 12))
+    hid = head.input_hidden(capture_features(target, ids, head.config.feature_layers)[:, :-1])
+    pos = torch.arange(11)[None]
+    for a, b in [(0, 6), (6, 11), (6, 7)]:
+        full, quick = DraftCache(), DraftCache()
+        for cache in (full, quick):
+            head(ids[:, 1:1 + a], hid[:, :a], pos[:, :a], cache=cache) if a else None
+        expect = head(ids[:, 1 + a:1 + b], hid[:, a:b], pos[:, a:b], cache=full)[:, -1:]
+        got = head.extend(ids[:, 1 + a:1 + b], hid[:, a:b], pos[:, a:b], quick)
+        torch.testing.assert_close(got, expect, rtol=0, atol=1e-12)
+        torch.testing.assert_close(quick.keys, full.keys, rtol=0, atol=1e-12)
+        torch.testing.assert_close(quick.values, full.values, rtol=0, atol=1e-12)
+
+
 def test_training_time_test_equals_tree_drafting(target):
     """Unrolled step i at position t computes exactly what a depth-i node computes at inference:
     the context entries up to t in the cache, then the chain of draft nodes below the root."""
