@@ -48,16 +48,21 @@ class EagleAttention(nn.Module):
         self.v_proj = nn.Linear(in_width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
 
+    def _keys_values(self, x):
+        # x: [B, T, in_width] -> k, v [B, Hkv, T, D] (k not yet rotated)
+        b, t, _ = x.shape
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return k, v
+
     def write_kv(self, x, cos, sin, cache: DraftCache) -> None:
         """Only the keys and values of ``x`` [B, T, in_width] (rotated, as ``forward`` computes them),
         appended to ``cache``: context positions whose outputs nobody reads."""
-        from transformers.models.llama.modeling_llama import rotate_half
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        b, t, _ = x.shape
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
-        cache.append(k * cos + rotate_half(k) * sin, v)
+        k, v = self._keys_values(x)
+        _, k = apply_rotary_pos_emb(k[:, :0], k, cos, sin)  # keys only: an empty query
+        cache.append(k, v)
 
     def forward(self, x, cos, sin, mask=None, cache: DraftCache | None = None, ttt: TTTKeys | None = None):
         # x: [B, T, in_width]; cos/sin: [B, T, D]; mask: additive [B or 1, 1, T, S] or None (causal)
@@ -65,8 +70,7 @@ class EagleAttention(nn.Module):
 
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        k, v = self._keys_values(x)  # [B, Hkv, T, D]
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         groups = self.heads // self.kv_heads
         if ttt:  # an unrolled step i > 0: step-0 keys causally + the key each step wrote at this position

@@ -32,8 +32,8 @@ def test_extend_writes_the_context_keys_and_returns_the_last_output(target, vers
     pos = torch.arange(11)[None]
     for a, b in [(0, 6), (6, 11), (6, 7)]:
         full, quick = DraftCache(), DraftCache()
-        for cache in (full, quick):
-            head(ids[:, 1:1 + a], hid[:, :a], pos[:, :a], cache=cache) if a else None
+        for cache in (full, quick) if a else ():  # the cached prefix both start from
+            head(ids[:, 1:1 + a], hid[:, :a], pos[:, :a], cache=cache)
         expect = head(ids[:, 1 + a:1 + b], hid[:, a:b], pos[:, a:b], cache=full)[:, -1:]
         got = head.extend(ids[:, 1 + a:1 + b], hid[:, a:b], pos[:, a:b], quick)
         torch.testing.assert_close(got, expect, rtol=0, atol=1e-12)
