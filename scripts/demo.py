@@ -1,6 +1,6 @@
 """The main job on the embedded default, end to end and offline.
 
-    python scripts/demo.py            (make demo)       400 ShareGPT answers: about 25 minutes on a 2-core CPU
+    python scripts/demo.py            (make demo)       400 ShareGPT answers: 18-25 minutes on a 2-core CPU
     python scripts/demo.py --long     (make demo-long)  2,800 answers: about 2 hours on a 2-core CPU
 
 1. converts the packaged SmolLM2-135M-Instruct (GGUF) to safetensors, once;

@@ -2,6 +2,7 @@
 (its prompts: test_prompts.py)."""
 
 import pytest
+import torch
 
 from headway.bench import benchmark
 
@@ -103,3 +104,24 @@ def test_pack_linears_flag_packs_the_float32_cpu_target(tmp_path, capsys):
     benchmark.main([*args, "--no-pack-linears"])
     assert json.loads((tmp_path / "results.json").read_text())["packed_linears"] == 0
     assert "linears packed" not in capsys.readouterr().out
+
+
+def test_methods_run_in_the_reverse_order_on_every_other_prompt(monkeypatch):
+    """A method's place in the per-prompt order moves its timing (two identical generators read 8% apart),
+    so the order alternates; outputs are still compared with plain's on the same prompt."""
+    calls = []
+
+    def fake_run(kind, method, target, ids, max_new_tokens, eos):
+        calls.append(method)
+        return ([1, 2] if method != "wrong" else [1, 3]), 0.1, None
+
+    monkeypatch.setattr(benchmark, "run_one", fake_run)
+    monkeypatch.setattr(benchmark, "prompt_ids", lambda tokenizer, messages: torch.tensor([[5, 6]]))
+    monkeypatch.setattr(benchmark, "prefill_seconds", lambda target, ids: 0.01)
+    table = {"plain": ("hf", "plain"), "a": ("hf", "a"), "b": ("hf", "wrong")}
+    groups = {"g1": [[{}], [{}]], "g2": [[{}]]}
+    raw, prefill = benchmark.run_prompts(table, None, None, groups, 8, 0, "cpu")
+    assert calls == ["plain", "a", "wrong", "wrong", "a", "plain", "plain", "a", "wrong"]
+    assert [r["identical"] for r in raw["g1"]["a"]] == [True, True]
+    assert [r["identical"] for r in raw["g1"]["b"] + raw["g2"]["b"]] == [False, False, False]
+    assert prefill == pytest.approx({"g1": 0.02, "g2": 0.01})
