@@ -249,10 +249,11 @@ def run_prompts(table: dict, target, tokenizer, groups: dict, max_new_tokens: in
                 tokens, secs, stats = run_one(kind, method, target, ids, max_new_tokens, eos)
                 rows[name] = {"new_tokens": len(tokens), "seconds": secs, "tokens": tokens,
                               "stats": stats.as_dict() if stats else None}
-            reference = rows["plain"].pop("tokens")
+            reference = rows["plain"]["tokens"]
             for name in table:
-                tokens = rows[name].pop("tokens", reference)
-                raw[group][name].append({**rows[name], "identical": tokens == reference})
+                row = rows[name]
+                tokens = row.pop("tokens")
+                raw[group][name].append({**row, "identical": tokens == reference})
             print(f"{label}{group} prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     return raw, prefill
 

@@ -162,12 +162,12 @@ class AutoTree:
 
     def _cell(self, draft: Draft, cond: float, node: int) -> tuple[int, int, int]:
         """The calibration cell of ``node`` whose own conditional estimate is ``cond``."""
-        source = draft.sources[node] if draft.sources is not None else 0
-        return source, min(draft.tree.depths[node], DEPTHS), min(int(cond * BINS), BINS - 1)
+        return source_of(draft, node), min(draft.tree.depths[node], DEPTHS), min(int(cond * BINS), BINS - 1)
 
-    def _raw_scores(self, draft: Draft) -> list[float]:
-        """Each node's chance of being accepted (the root's 1.0) from the calibration cells alone."""
-        tree, conds = draft.tree, self._conds(draft)
+    def _raw_scores(self, draft: Draft, conds: list[float]) -> list[float]:
+        """Each node's chance of being accepted (the root's 1.0) from the calibration cells alone;
+        ``conds``: ``_conds(draft)``."""
+        tree = draft.tree
         out = [1.0] * tree.size
         for i in range(1, tree.size):
             acc, tried = self.cells.get(self._cell(draft, conds[i], i), (0.0, 0.0))
@@ -177,7 +177,7 @@ class AutoTree:
     def _selection(self, draft: Draft, node: int) -> tuple[int, bool]:
         """The key of ``node``'s post-selection factor: its drafter, and whether retrieval found candidates
         beside it this round (a hybrid's model part apart from when it drafts alone)."""
-        source = draft.sources[node] if draft.sources is not None else 0
+        source = source_of(draft, node)
         return source, source == 0 and self._gate is not None and self._gate.retrieved
 
     def factor(self, key: tuple[int, bool]) -> float:
@@ -190,15 +190,8 @@ class AutoTree:
     def scores(self, draft: Draft) -> list[float]:
         """Each node's estimated chance of being accepted (the root's 1.0), calibrated: the cells' figure
         times its drafter's post-selection factor (``factor``, at most 1.0)."""
-        raw = self._raw_scores(draft)
-        factors = {}
-        out = [1.0] * draft.tree.size
-        for i in range(1, draft.tree.size):
-            key = self._selection(draft, i)
-            if key not in factors:
-                factors[key] = self.factor(key)
-            out[i] = raw[i] * factors[key]
-        return out
+        raw = self._raw_scores(draft, self._conds(draft))
+        return [1.0] + [raw[i] * self.factor(self._selection(draft, i)) for i in range(1, draft.tree.size)]
 
     def _best(self, draft: Draft, prefix_len: int, draft_steps: float) -> tuple[list[int], float]:
         """(the nodes worth verifying, ascending, the root first; their tokens per step, drafting included)."""
@@ -244,20 +237,16 @@ class AutoTree:
         whether drafting paid."""
         if verify_seconds > 0:
             self.cost.observe(width or draft.tree.size, prefix_len, draft.tree.is_chain, verify_seconds)
-        for stat in self.selected.values():  # every round, drafted or not: a factor drifts back to 1.0
-            stat[0] *= DECAY
-            stat[1] *= DECAY
+        decay(self.selected)  # every round, drafted or not: a factor drifts back to 1.0
         if not drafted:
             return
         tree, on_path, conds = draft.tree, set(path), self._conds(draft)
-        raw = self._raw_scores(draft)  # as the round was chosen (the cells are updated below)
+        raw = self._raw_scores(draft, conds)  # as the round was chosen (the cells are updated below)
         for i in range(1, tree.size):
             stat = self.selected.setdefault(self._selection(draft, i), [0.0, 0.0])
             stat[0] += raw[i]
             stat[1] += i in on_path
-        for stat in self.cells.values():
-            stat[0] *= DECAY
-            stat[1] *= DECAY
+        decay(self.cells)
         for i in range(1, tree.size):
             if tree.parents[i] in on_path:  # tried: its parent was accepted
                 stat = self.cells.setdefault(self._cell(draft, conds[i], i), [0.0, 0.0])
@@ -271,6 +260,18 @@ class AutoTree:
         elif gate is None or gate.drafted:  # the drafter (or the hybrid's model part, alone) drafted
             lost = self.rate < 1.0 and self._draft_steps > CHEAP_DRAFT
             self.drafter_backoff.lost() if lost else self.drafter_backoff.paid()
+
+
+def source_of(draft: Draft, node: int) -> int:
+    """The drafter that proposed ``node`` (a hybrid's part; 0 for a single drafter)."""
+    return draft.sources[node] if draft.sources is not None else 0
+
+
+def decay(stats: dict[object, list[float]]) -> None:
+    """Age every [a, b] pair of ``stats`` in place by one round (``DECAY``)."""
+    for stat in stats.values():
+        stat[0] *= DECAY
+        stat[1] *= DECAY
 
 
 def prune(draft: Draft, keep: list[int]) -> Draft:

@@ -119,7 +119,7 @@ def test_a_drafter_whose_verified_trees_realize_less_than_promised_is_cut_back_a
         auto.observe(draft, [0], 10, drafted=True)
     factor = auto.factor((0, False))
     assert factor < 0.4
-    raw = auto._raw_scores(draft)
+    raw = auto._raw_scores(draft, auto._conds(draft))
     assert auto.scores(draft) == pytest.approx([1.0] + [r * factor for r in raw[1:]])
     assert auto.select(draft, 10).tree.size == 1  # no longer worth its cost: a plain step
     for _ in range(150):  # plain steps: the correction drifts back towards 1 (about 30 rounds count)
