@@ -11,11 +11,7 @@ accepted, shrunk towards the drafter's own figure while few were tried. Sampled 
 exception: their shape is judged only by what was known before they were drawn (the root's row of q,
 the nodes' ranks and depths, the acceptance seen so far), never by what was drawn, or the verified
 tree would favour the drafter's likely draws and the output would no longer be the target's
-(``AutoTree._conds``). Trees are verified because their estimates came out high, so on average they
-realize less than they promised (the winner's curse): each drafter's scores are scaled down by what its
-verified trees realized over what they promised lately (``AutoTree.factor``; a hybrid's model part
-apart when retrieval found candidates beside it; never scaled up; fading back to 1 when it is not
-verified, so a drafter cut back is tried again). Keeping the k best nodes
+(``AutoTree._conds``). Keeping the k best nodes
 (best first, each below a kept parent, siblings in their rank order) promises
 
     E(k) = 1 + sum of the k scores                  new tokens (the bonus token included)
@@ -52,7 +48,6 @@ from headway.inference.target_forward import verify_width
 MAX_BACKOFF = 16  # rounds without drafting, at most, before the drafter is tried again
 PRIOR_WEIGHT = 2.0  # tries the drafter's own estimate counts for in a calibration cell
 DECAY = 0.97  # weight of the past in the acceptance estimates (about the last 30 rounds count)
-SHRINK_PRIOR = 4.0  # accepted tokens a post-selection factor starts from, as if promised and realized alike
 BINS = 5  # bands of the drafter's conditional estimate a calibration cell covers
 DEPTHS = 4  # calibration cells per depth 1, 2, 3, and 4 or deeper
 CHEAP_DRAFT = 0.02  # a drafter costing under this share of a step is never skipped (retrieval)
@@ -98,8 +93,6 @@ class AutoTree:
         self.cost = OnlineCost(curve)
         self.pad_to = pad_to  # the generator's padding of verification widths
         self.cells: dict[tuple[int, int, int], list[float]] = {}  # (source, depth, band) -> [accepted, tried]
-        # (source, beside retrieval) -> [expected, realized] accepted draft tokens of the verified trees
-        self.selected: dict[tuple[int, bool], list[float]] = {}
         self.drafter_backoff = Backoff()  # the whole drafter (a hybrid: its model part when nothing was retrieved)
         # a hybrid's model part next to retrieved candidates, per band of what retrieval alone promises
         # (its tokens per step): beside a long confident copy a model drafter rarely adds anything
@@ -162,36 +155,17 @@ class AutoTree:
 
     def _cell(self, draft: Draft, cond: float, node: int) -> tuple[int, int, int]:
         """The calibration cell of ``node`` whose own conditional estimate is ``cond``."""
-        return source_of(draft, node), min(draft.tree.depths[node], DEPTHS), min(int(cond * BINS), BINS - 1)
+        source = draft.sources[node] if draft.sources is not None else 0
+        return source, min(draft.tree.depths[node], DEPTHS), min(int(cond * BINS), BINS - 1)
 
-    def _raw_scores(self, draft: Draft, conds: list[float]) -> list[float]:
-        """Each node's chance of being accepted (the root's 1.0) from the calibration cells alone;
-        ``conds``: ``_conds(draft)``."""
-        tree = draft.tree
+    def scores(self, draft: Draft) -> list[float]:
+        """Each node's estimated chance of being accepted (the root's 1.0), calibrated."""
+        tree, conds = draft.tree, self._conds(draft)
         out = [1.0] * tree.size
         for i in range(1, tree.size):
             acc, tried = self.cells.get(self._cell(draft, conds[i], i), (0.0, 0.0))
             out[i] = out[tree.parents[i]] * (acc + PRIOR_WEIGHT * conds[i]) / (tried + PRIOR_WEIGHT)
         return out
-
-    def _selection(self, draft: Draft, node: int) -> tuple[int, bool]:
-        """The key of ``node``'s post-selection factor: its drafter, and whether retrieval found candidates
-        beside it this round (a hybrid's model part apart from when it drafts alone)."""
-        source = source_of(draft, node)
-        return source, source == 0 and self._gate is not None and self._gate.retrieved
-
-    def factor(self, key: tuple[int, bool]) -> float:
-        """Realized over expected accepted tokens of the trees verified lately (shrunk towards 1). Trees
-        are verified because their estimates came out high, so on average they do worse than estimated
-        (the winner's curse); this corrects for it per drafter."""
-        expected, realized = self.selected.get(key, (0.0, 0.0))
-        return min(1.0, (realized + SHRINK_PRIOR) / (expected + SHRINK_PRIOR))
-
-    def scores(self, draft: Draft) -> list[float]:
-        """Each node's estimated chance of being accepted (the root's 1.0), calibrated: the cells' figure
-        times its drafter's post-selection factor (``factor``, at most 1.0)."""
-        raw = self._raw_scores(draft, self._conds(draft))
-        return [1.0] + [raw[i] * self.factor(self._selection(draft, i)) for i in range(1, draft.tree.size)]
 
     def _best(self, draft: Draft, prefix_len: int, draft_steps: float) -> tuple[list[int], float]:
         """(the nodes worth verifying, ascending, the root first; their tokens per step, drafting included)."""
@@ -237,16 +211,12 @@ class AutoTree:
         whether drafting paid."""
         if verify_seconds > 0:
             self.cost.observe(width or draft.tree.size, prefix_len, draft.tree.is_chain, verify_seconds)
-        decay(self.selected)  # every round, drafted or not: a factor drifts back to 1.0
         if not drafted:
             return
         tree, on_path, conds = draft.tree, set(path), self._conds(draft)
-        raw = self._raw_scores(draft, conds)  # as the round was chosen (the cells are updated below)
-        for i in range(1, tree.size):
-            stat = self.selected.setdefault(self._selection(draft, i), [0.0, 0.0])
-            stat[0] += raw[i]
-            stat[1] += i in on_path
-        decay(self.cells)
+        for stat in self.cells.values():
+            stat[0] *= DECAY
+            stat[1] *= DECAY
         for i in range(1, tree.size):
             if tree.parents[i] in on_path:  # tried: its parent was accepted
                 stat = self.cells.setdefault(self._cell(draft, conds[i], i), [0.0, 0.0])
@@ -260,18 +230,6 @@ class AutoTree:
         elif gate is None or gate.drafted:  # the drafter (or the hybrid's model part, alone) drafted
             lost = self.rate < 1.0 and self._draft_steps > CHEAP_DRAFT
             self.drafter_backoff.lost() if lost else self.drafter_backoff.paid()
-
-
-def source_of(draft: Draft, node: int) -> int:
-    """The drafter that proposed ``node`` (a hybrid's part; 0 for a single drafter)."""
-    return draft.sources[node] if draft.sources is not None else 0
-
-
-def decay(stats: dict[object, list[float]]) -> None:
-    """Age every [a, b] pair of ``stats`` in place by one round (``DECAY``)."""
-    for stat in stats.values():
-        stat[0] *= DECAY
-        stat[1] *= DECAY
 
 
 def prune(draft: Draft, keep: list[int]) -> Draft:

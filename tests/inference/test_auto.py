@@ -108,29 +108,6 @@ def test_selection_follows_the_scores_and_the_curve():
     assert pruned.tree.parents == [-1, 0] and pruned.tokens.tolist() == [5, 7] and set(pruned.q) == {0}
 
 
-def test_a_drafter_whose_verified_trees_realize_less_than_promised_is_cut_back_and_then_retried():
-    """Trees are verified because their estimates came out high, so they realize less than estimated (the
-    winner's curse): the drafter's scores are scaled by what its verified trees realized over what they
-    promised, never scaled up, and the correction fades in rounds without drafting (so it is tried again)."""
-    draft = Draft(Tree([-1, 0, 1, 2]), torch.tensor([9, 1, 2, 3]), scores=[1.0, 0.9, 0.81, 0.729])
-    auto = AutoTree(made_up_curve(0.5))
-    assert auto.select(draft, 10).tree.size == 4  # (1 + 0.9 + 0.81 + 0.729) / 2.5 beats any shorter chain
-    for _ in range(6):  # the whole chain verified, nothing accepted: 2.4 tokens promised, none realized
-        auto.observe(draft, [0], 10, drafted=True)
-    factor = auto.factor((0, False))
-    assert factor < 0.4
-    raw = auto._raw_scores(draft, auto._conds(draft))
-    assert auto.scores(draft) == pytest.approx([1.0] + [r * factor for r in raw[1:]])
-    assert auto.select(draft, 10).tree.size == 1  # no longer worth its cost: a plain step
-    for _ in range(150):  # plain steps: the correction drifts back towards 1 (about 30 rounds count)
-        auto.observe(Draft(Tree([-1]), torch.tensor([9])), [0], 10, drafted=False)
-    assert auto.factor((0, False)) > 0.95
-    lucky = AutoTree(made_up_curve(0.5))
-    for _ in range(6):  # realized more than promised: the estimates stand as they are
-        lucky.observe(draft, [0, 1, 2, 3], 10, drafted=True)
-    assert lucky.factor((0, False)) == 1.0
-
-
 @pytest.mark.parametrize("parents", [[-1, 0, 1, 2, 3], [-1, 0, 0, 1, 2]], ids=["chain", "tree"])
 def test_a_sampled_draft_is_cut_without_looking_at_its_draws(parents):
     """The verifier treats a sampled node as a draw from q; keeping it because of what was drawn (its own
