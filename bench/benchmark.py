@@ -268,7 +268,9 @@ def summarize(rows: list[dict], plain: list[dict], prefill: float) -> dict:
     stats = [r["stats"] for r in rows if r["stats"]]
     if stats:
         passes = sum(st["target_forward_passes"] for st in stats)
-        t_verify = sum(st["time_verify"] for st in stats) / passes
+        # the prompt's pass (it verified the first tree too) is timed as the prefill: t(k) is the other passes'
+        rounds_timed = max(1, passes - sum(st.get("prefill_passes", 0) for st in stats))
+        t_verify = sum(st["time_verify"] for st in stats) / rounds_timed
         t_draft = sum(st["time_draft"] for st in stats) / passes
         rounds = sum(st["time_draft"] + st["time_verify"] + st["time_bookkeeping"] for st in stats)
         tau = sum(st["new_tokens"] for st in stats) / passes

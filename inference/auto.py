@@ -84,6 +84,20 @@ class GateRound(NamedTuple):
     rate: float  # retrieval alone: its best tokens per step, drafting included (0.0 when nothing was retrieved)
     drafted: bool  # the model drafter drafted too
     band: int | None  # the RETRIEVAL_BANDS band of ``rate`` (None when nothing was retrieved)
+    alone: Draft | None = None  # retrieval's draft as the controller would have verified it alone
+    alone_steps: float = 0.0  # that pass's cost in one-token steps, retrieval's drafting included
+
+
+def realized_length(draft: Draft, tokens: list[int]) -> int:
+    """How many of ``tokens`` (a round's accepted draft tokens then the target's next one) ``draft``'s tree
+    holds as a path from its root: the draft tokens that verifying it alone would have accepted (at
+    least; greedy exactly, up to the next token)."""
+    tree, node, have = draft.tree, 0, draft.tokens.tolist()
+    for n, tok in enumerate(tokens):
+        node = next((c for c in tree.children[node] if have[c] == tok), None)
+        if node is None:
+            return n
+    return len(tokens)
 
 
 class AutoTree:
@@ -124,9 +138,11 @@ class AutoTree:
             self._gate = GateRound(False, 0.0, not self.drafter_backoff.take(), None)
         else:
             t1 = self.cost.seconds(1, prefix_len)
-            rate = self._best(retrieval, prefix_len, seconds / t1)[1]  # retrieval alone, drafting included
+            keep, rate = self._best(retrieval, prefix_len, seconds / t1)  # retrieval alone, drafting included
             band = bisect.bisect_right(RETRIEVAL_BANDS, rate)
-            self._gate = GateRound(True, rate, not self.model_backoff[band].take(), band)
+            alone = prune(retrieval, keep)
+            steps = self.cost.rel(verify_width(len(keep), self.pad_to), prefix_len, alone.tree.is_chain) + seconds / t1
+            self._gate = GateRound(True, rate, not self.model_backoff[band].take(), band, alone, steps)
         return self._gate.drafted
 
     def _conds(self, draft: Draft) -> list[float]:
@@ -206,9 +222,9 @@ class AutoTree:
         return prune(draft, keep)
 
     def observe(self, draft: Draft, path: list[int], prefix_len: int, drafted: bool, verify_seconds: float = 0.0,
-                width: int | None = None) -> None:
+                width: int | None = None, next_token: int | None = None) -> None:
         """Learn from a verified round: what its pass cost, which nodes were tried and accepted, and
-        whether drafting paid."""
+        whether drafting paid. ``next_token``: the token the target added after the accepted path."""
         if verify_seconds > 0:
             self.cost.observe(width or draft.tree.size, prefix_len, draft.tree.is_chain, verify_seconds)
         if not drafted:
@@ -225,8 +241,14 @@ class AutoTree:
         gate, self._gate = self._gate, None
         if gate is not None and gate.retrieved:  # a hybrid round with retrieved candidates
             if gate.drafted:  # did the model drafter beat what retrieval alone would have made of the round?
+                # judged by what the round realized, not by the estimates that chose it (a tree is verified
+                # because its estimate came out high, so estimates flatter the model part): retrieval's
+                # own tree would have accepted the part of the accepted tokens it holds as a path
+                accepted = draft.tokens[path[1:]].tolist() + ([] if next_token is None else [next_token])
+                alone = (1 + realized_length(gate.alone, accepted)) / gate.alone_steps
+                both = len(path) / (self.cost.rel(width or tree.size, prefix_len, tree.is_chain) + self._draft_steps)
                 backoff = self.model_backoff[gate.band]
-                backoff.paid() if self.rate > gate.rate else backoff.lost()
+                backoff.paid() if both > alone else backoff.lost()
         elif gate is None or gate.drafted:  # the drafter (or the hybrid's model part, alone) drafted
             lost = self.rate < 1.0 and self._draft_steps > CHEAP_DRAFT
             self.drafter_backoff.lost() if lost else self.drafter_backoff.paid()

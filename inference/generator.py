@@ -5,6 +5,12 @@ the next tree). A round appends the accepted draft tokens plus one token from th
 bonus, or the correction after a rejection), so each target pass yields at least one token and
 the output is exactly the target's: argmax-equal when greedy, identically distributed when
 sampling (Leviathan et al. 2022, arXiv:2211.17192; SpecInfer, arXiv:2305.09781).
+
+There is no prefill pass of its own: the first round's pass runs the prompt (all but its last
+token) and then the first tree, drafted from the prompt's tokens alone (``Proposer.propose_first``:
+retrieval and draft models draft; a drafter that reads the target's features has none yet and
+proposes the root alone, so that pass yields one token, as ``generate``'s prefill does). Every
+call saves one target pass: a separate prefill would yield no token.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from headway.inference.proposer import Draft, DraftContext, as_proposer, root_dr
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree
-from headway.inference.target_forward import check_attention, prefill, tree_forward
+from headway.inference.target_forward import check_attention, tree_forward
 from headway.inference.inputs import check_generation, context_length
 from headway.inference.verify import LazyProbs, SamplingParams, probs, verify_greedy, verify_sampling, verify_typical
 
@@ -34,7 +40,8 @@ class GenerationStats:
     """What one ``generate`` call did. Times are seconds of wall clock."""
 
     new_tokens: int = 0
-    target_forward_passes: int = 0  # verification passes; the prefill is not counted
+    target_forward_passes: int = 0  # verification passes (the prompt's pass among them: it verifies the first tree)
+    prefill_passes: int = 0  # 1: the first pass ran the prompt too (its time is in time_prefill, not time_verify)
     plain_steps: int = 0  # passes that verified the root alone (no draft, or tree="auto" chose none)
     accepted_per_step: list[int] = dataclasses.field(default_factory=list)  # tokens produced by each pass
     draft_depth_per_step: list[int] = dataclasses.field(default_factory=list)  # depth of each proposed tree
@@ -180,10 +187,9 @@ class SpeculativeGenerator:
             seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=self.device)  # prompt + new tokens
             seq[:length] = prompt
             features = None  # [n, F] features of the positions made since the drafter last saw any
-            if length > 1:  # the last prompt token becomes the first root
-                prefill(self.target, cache, prompt[None, :-1])
-                features = capture.pop()[0] if capture else None  # [P - 1, F]
-            sync()
+            # no prefill of its own: the first round's pass runs the prompt (but the root) before its tree,
+            # drafted from the prompt's tokens alone (a drafter that reads features proposes nothing yet)
+            pending = prompt[:-1] if length > 1 else None
             stats.time_prefill = time.perf_counter() - t0
             if streamer is not None:
                 streamer.put(prompt[None].cpu())  # [1, T], as generate sends it
@@ -193,8 +199,9 @@ class SpeculativeGenerator:
                 t0 = time.perf_counter()
                 drafted = auto is None or auto.should_draft(drafter.gated)
                 if drafted:
-                    draft = drafter.propose(DraftContext(seq[:length], features, self.tree, budget - 1, sampling,
-                                                         generator, gate=auto.gate if auto is not None else None))
+                    ctx = DraftContext(seq[:length], features, self.tree, budget - 1, sampling, generator,
+                                       gate=auto.gate if auto is not None and pending is None else None)
+                    draft = drafter.propose(ctx) if pending is None else drafter.propose_first(ctx)
                     draft_seconds = time.perf_counter() - t0
                     if auto is not None:
                         draft = auto.select(draft, length, draft_seconds)
@@ -207,19 +214,24 @@ class SpeculativeGenerator:
                 sync()
                 t1 = time.perf_counter()
                 logits, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
-                                                pad_to=pad_to, max_positions=context)
+                                             pad_to=pad_to, max_positions=context, pending=pending)
                 sync()
                 t2 = time.perf_counter()
                 if processors:  # each node scored as generate would score it after its own context
                     logits = apply_processors(processors, seq[:length], draft.tree, draft.tokens, logits)
                 path, new = self._accept(draft, logits, sampling, generator)
                 compact_cache(cache, length - 1, path, width)
-                if capture:  # the accepted path's features: positions length-1 .. length-1+accepted
-                    accepted = capture.pop()[0].index_select(0, torch.tensor(path, device=self.device))
+                if capture:  # the prompt's features, then the accepted path's: positions length-1 .. length-1+accepted
+                    rows = capture.pop()[0]  # [M + W, F]
+                    m = 0 if pending is None else pending.shape[0]
+                    accepted = rows.index_select(0, torch.tensor(path, device=self.device) + m)
+                    if m:
+                        accepted = torch.cat([rows[:m], accepted])
                     features = accepted if drafted or features is None else torch.cat([features, accepted])
                 if auto is not None:
                     tc = time.perf_counter()
-                    auto.observe(draft, path, length, drafted, t2 - t1, width)
+                    # the prompt's pass teaches the cost curve nothing about a round's
+                    auto.observe(draft, path, length, drafted, t2 - t1 if pending is None else 0.0, width, new[-1])
                     stats.time_control += time.perf_counter() - tc
                 new = new[:budget]
                 hit = next((i for i, t in enumerate(new) if t in eos), None)
@@ -238,7 +250,11 @@ class SpeculativeGenerator:
                 sync()
                 t3 = time.perf_counter()
                 stats.time_draft += t1 - t0
-                stats.time_verify += t2 - t1
+                if pending is None:
+                    stats.time_verify += t2 - t1
+                else:  # the prompt's pass: prefill time, though it verified the first tree too
+                    stats.time_prefill += t2 - t1
+                    stats.prefill_passes, pending = 1, None
                 stats.time_bookkeeping += t3 - t2
                 if hit is not None:
                     break

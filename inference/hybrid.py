@@ -94,6 +94,16 @@ class HybridProposer(Proposer):
         return merge_drafts(drafts, self.max_extra_nodes, ids) if len(drafts) > 1 else drafts[0]
 
 
+    def propose_first(self, ctx: DraftContext) -> Draft:
+        """Before the prompt's pass: the drafters that read no target features (retrieval) draft; a
+        model drafter that reads them starts next round, with the prompt's features."""
+        if not self.drafters[0].feature_layers:
+            return self.propose(dataclasses.replace(ctx, gate=None))
+        drafts = [d.propose_first(dataclasses.replace(ctx, tree=tree)) for d, tree in zip(self.drafters[1:], self._others)]
+        return merge_drafts(drafts, self.max_extra_nodes, list(range(1, len(self.drafters)))) if drafts \
+            else self.drafters[0].propose_first(ctx)
+
+
 def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | None = None) -> Draft:
     """One draft holding every path of ``drafts`` (deterministic, sharing the root): the first one's nodes
     as they are, then each other's that the trie lacks, at most ``max_extra_nodes`` of them per draft.

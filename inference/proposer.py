@@ -75,6 +75,12 @@ class Proposer:
     def propose(self, ctx: DraftContext) -> Draft:
         raise NotImplementedError
 
+    def propose_first(self, ctx: DraftContext) -> Draft:
+        """The first round's draft, proposed before the target has run on the prompt (its pass runs the
+        prompt and this tree at once): a drafter that reads no target features drafts as usual; one that
+        does has none yet and proposes nothing (the pass then yields one token, as generate's prefill)."""
+        return root_only(ctx) if self.feature_layers else self.propose(ctx)
+
 
 ROOT_ONLY = Tree([-1], name="root")
 

@@ -52,33 +52,42 @@ def verify_width(n: int, pad_to: int) -> int:
 
 
 def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int, *, pad_to: int = 1,
-                 max_positions: int | None = None):
-    """Run ``model`` over the tree's nodes appended to a cache holding ``prefix_len`` tokens.
+                 max_positions: int | None = None, pending: torch.Tensor | None = None):
+    """Run ``model`` over the tree's nodes appended to a prefix of ``prefix_len`` tokens.
 
-    tokens: [N] long (node 0 first) on the model's device. The cache grows by the padded width W;
-    the caller compacts it. ``max_positions``: the model's context (absolute position embeddings):
-    a chain is not padded past it. Returns (logits [N, V], W). (Drafters' features come from the
-    generator's forward hooks, at the layers each drafter asks for.)
+    tokens: [N] long (node 0 first) on the model's device. The cache holds the prefix, or all of it
+    but its last ``pending`` [M] tokens, which this pass runs first (causally, before the tree: the
+    prefill and the first round in one forward). The cache grows by M + the padded width W; the
+    caller compacts the tree's part. ``max_positions``: the model's context (absolute position
+    embeddings): a chain is not padded past it. Returns (logits [N, V], W). (Drafters' features come
+    from the generator's forward hooks, at the layers each drafter asks for.)
     """
-    n = tokens.shape[0]
+    n, m = tokens.shape[0], 0 if pending is None else pending.shape[0]
     width = verify_width(n, pad_to)
     if tree.is_chain and max_positions is not None and prefix_len + width > max_positions:
         width = n  # a chain's padding sits after its last node: keep every position inside the context
     device, dtype = tokens.device, model.dtype
     if width > n:
         tokens = torch.cat([tokens, tokens[:1].expand(width - n)])
+    if m:
+        tokens = torch.cat([pending, tokens])  # [M + W]
+    start = prefix_len - m  # the first position this pass runs
     if tree.is_chain:
         # A chain (padding after it included) is plain causal attention: let the model build its own
         # mask, which keeps its fastest attention path (no 4D mask; SDPA's native GQA).
-        positions = torch.arange(prefix_len, prefix_len + width, device=device)
+        positions = torch.arange(start, prefix_len + width, device=device)
         full = None
     else:
         mask, depths = padded_tree_tensors(tree, width, device, dtype)  # [W, W], [W]
         positions = depths + prefix_len
-        full = torch.zeros((1, 1, width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all
-        full[0, 0, :, prefix_len:] = mask
+        full = torch.zeros((1, 1, m + width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all
+        full[0, 0, m:, prefix_len:] = mask
+        if m:  # the pending tokens: causal among themselves, blind to the tree
+            positions = torch.cat([torch.arange(start, prefix_len, device=device), positions])
+            full[0, 0, :m, start:] = torch.finfo(dtype).min
+            full[0, 0, :m, start:prefix_len].triu_(1)  # [M, M]: each sees itself and those before it
     out = model(input_ids=tokens[None], position_ids=positions[None], attention_mask=full,
-                cache=cache, use_cache=True)
+                cache=cache, use_cache=True, logits_to_keep=width)
     return out.logits[0, :n], width
 
 

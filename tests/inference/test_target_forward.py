@@ -63,6 +63,27 @@ def test_chain_pass_equals_a_plain_forward(family_model):
     torch.testing.assert_close(padded, causal_logits(model, torch.cat([prompt[:-1], nodes]))[5:], rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("tree_name", ["tree-15", "chain-4"])
+def test_a_pass_with_pending_prompt_tokens_equals_prefill_then_the_tree(family_model, tree_name):
+    """The prompt's pass (the prefill and the first tree in one forward, ``pending``): every node's logits
+    are those of a causal run over prompt + its path, and the cache then holds what a prefill plus
+    the tree pass leave, so compaction and the next round are unchanged."""
+    model = family_model
+    tree = load_tree(tree_name)
+    prompt, nodes, cache = prefilled(model, tree, prompt_len=9, seed=3)
+    empty = new_cache(model)
+    with torch.no_grad():
+        apart, _ = tree_forward(model, cache, tree, nodes, prefix_len=8, pad_to=4)
+        folded, width = tree_forward(model, empty, tree, nodes, prefix_len=8, pad_to=4, pending=prompt[:-1])
+    assert width == max(tree.size, 4) and empty.get_seq_length() == 8 + width
+    for i in range(tree.size):
+        ids = torch.cat([prompt[:-1], nodes[node_path(tree.parents, i)]])
+        torch.testing.assert_close(folded[i], causal_logits(model, ids)[-1], rtol=0, atol=1e-10)
+    torch.testing.assert_close(folded, apart, rtol=0, atol=1e-10)
+    for a, b in zip(cache.layers, empty.layers):
+        torch.testing.assert_close(b.keys, a.keys, rtol=0, atol=1e-10)
+
+
 def test_prefill_and_chain_forward_return_the_last_positions_logits(family_model):
     model = family_model
     ids = torch.tensor([7, 9, 11, 13, 15, 17])
