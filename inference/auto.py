@@ -22,12 +22,17 @@ curve (``headway.inference.cost_curve``) as corrected by the passes timed during
 has been timed), t_draft this round's drafting time. The k with the best ratio is verified, k = 0
 being a plain step.
 
-When even the best k is slower than plain decoding once the drafting is paid for, the next rounds
-skip the drafter (plain steps, its features kept for it), then try it again, waiting twice as long
-each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request tries it at once,
-keeping the wait it had reached). A hybrid's retrieval part drafts every round; its model drafter
-is skipped the same way whenever, with retrieval's candidates at hand, it did not add enough to
-pay for itself (``gate``), counted apart per band of what retrieval alone promises (beside a long,
+Whether drafting paid is judged by what the rounds realized, not by the estimates that chose their
+trees (a tree is verified because its estimate came out high, so estimates flatter the drafter):
+a round's accepted tokens plus the target's one, over its pass's cost and its drafting, against a
+plain step's one token per step, averaged over the last few drafted rounds (``Backoff.judge``).
+While that average is negative, the next rounds skip the drafter (plain steps, its features kept
+for it), then try it again, waiting twice as long each time it still does not pay (at most
+``MAX_BACKOFF`` rounds; a new request tries it at once, keeping the wait it had reached). A
+hybrid's retrieval part drafts every round; its model drafter is skipped the same way whenever,
+with retrieval's candidates at hand, it did not add enough to pay for itself (``gate``): the
+round against what retrieval's own tree would have realized (the share of the accepted tokens it
+holds as a path), counted apart per band of what retrieval alone promises (beside a long,
 confident copy a model drafter seldom adds anything; beside a weak one it may). Verification is
 unchanged, so the output is exactly the target's.
 """
@@ -55,6 +60,7 @@ RETRIEVAL_BANDS = (1.2, 1.6, 2.2)  # retrieval's own tokens per step: a hybrid's
 PLAIN_PASSES = 4  # one-token passes timed before t(1)'s correction is trusted; until then every
 PLAIN_EVERY = 8  # PLAIN_EVERY-th round is a plain step, while drafting pays less than
 PLAIN_BELOW = 1.5  # this many tokens per step (above it, t(1)'s error cannot turn the choice)
+REALIZED_DECAY = 0.8  # weight of the past in whether drafting paid (about the last 5 drafted rounds count)
 
 
 class Backoff:
@@ -62,6 +68,13 @@ class Backoff:
 
     def __init__(self):
         self.skip, self.wait = 0, 1
+        self.gain: float | None = None  # what drafting realized over not drafting, tokens per step, averaged
+
+    def judge(self, gain: float) -> None:
+        """A drafted round realized ``gain`` tokens per step over what not drafting would have: drafting
+        pays while the average of the recent rounds' gains is positive (one round alone is mostly luck)."""
+        self.gain = gain if self.gain is None else REALIZED_DECAY * self.gain + (1 - REALIZED_DECAY) * gain
+        self.lost() if self.gain <= 0 else self.paid()
 
     def take(self) -> bool:
         """True: sit this round out."""
@@ -246,12 +259,17 @@ class AutoTree:
                 # own tree would have accepted the part of the accepted tokens it holds as a path
                 accepted = draft.tokens[path[1:]].tolist() + ([] if next_token is None else [next_token])
                 alone = (1 + realized_length(gate.alone, accepted)) / gate.alone_steps
-                both = len(path) / (self.cost.rel(width or tree.size, prefix_len, tree.is_chain) + self._draft_steps)
-                backoff = self.model_backoff[gate.band]
-                backoff.paid() if both > alone else backoff.lost()
+                self.model_backoff[gate.band].judge(self._realized(path, prefix_len, tree, width) - alone)
         elif gate is None or gate.drafted:  # the drafter (or the hybrid's model part, alone) drafted
-            lost = self.rate < 1.0 and self._draft_steps > CHEAP_DRAFT
-            self.drafter_backoff.lost() if lost else self.drafter_backoff.paid()
+            if self._draft_steps > CHEAP_DRAFT:  # against a plain step's one token per step, as realized
+                self.drafter_backoff.judge(self._realized(path, prefix_len, tree, width) - 1.0)
+            else:
+                self.drafter_backoff.paid()
+
+    def _realized(self, path: list[int], prefix_len: int, tree: Tree, width: int | None) -> float:
+        """The round's tokens per step as realized: its accepted path and the target's token over what
+        its pass (by the cost curve) and its drafting cost."""
+        return len(path) / (self.cost.rel(width or tree.size, prefix_len, tree.is_chain) + self._draft_steps)
 
 
 def prune(draft: Draft, keep: list[int]) -> Draft:

@@ -228,3 +228,18 @@ def test_a_hybrid_gate_judges_the_model_part_by_what_the_round_realized(accepted
         path.append(next(c for c in chosen.tree.children[path[-1]] if tokens[c] == tok))
     auto.observe(chosen, path, 100, True, 0.0, chosen.tree.size, next_token=4)
     assert auto.model_backoff[band].take() is (not model_paid)
+
+
+def test_drafting_backs_off_on_the_average_of_what_recent_rounds_realized():
+    """One lucky round does not make a losing drafter pay (nor one unlucky round a paying one lose):
+    the backoff follows the decayed average of the realized gains."""
+    from headway.inference.auto import Backoff
+
+    b = Backoff()
+    b.judge(-0.5)  # lost: sit one round out
+    assert b.take() and not b.take()
+    b.judge(0.3)  # a lucky round: the average is still negative, so the wait doubles
+    assert (b.skip, b.wait) == (2, 4)
+    for _ in range(3):
+        b.judge(0.6)
+    assert b.gain > 0 and b.wait == 1  # paying again: the next loss waits one round only
