@@ -22,17 +22,12 @@ curve (``headway.inference.cost_curve``) as corrected by the passes timed during
 has been timed), t_draft this round's drafting time. The k with the best ratio is verified, k = 0
 being a plain step.
 
-Whether drafting paid is judged by what the rounds realized, not by the estimates that chose their
-trees (a tree is verified because its estimate came out high, so estimates flatter the drafter):
-a round's accepted tokens plus the target's one, over its pass's cost and its drafting, against a
-plain step's one token per step, averaged over the last few drafted rounds (``Backoff.judge``).
-While that average is negative, the next rounds skip the drafter (plain steps, its features kept
-for it), then try it again, waiting twice as long each time it still does not pay (at most
-``MAX_BACKOFF`` rounds; a new request tries it at once, keeping the wait it had reached). A
-hybrid's retrieval part drafts every round; its model drafter is skipped the same way whenever,
-with retrieval's candidates at hand, it did not add enough to pay for itself (``gate``): the
-round against what retrieval's own tree would have realized (the share of the accepted tokens it
-holds as a path), counted apart per band of what retrieval alone promises (beside a long,
+When even the best k is slower than plain decoding once the drafting is paid for, the next rounds
+skip the drafter (plain steps, its features kept for it), then try it again, waiting twice as long
+each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request tries it at once,
+keeping the wait it had reached). A hybrid's retrieval part drafts every round; its model drafter
+is skipped the same way whenever, with retrieval's candidates at hand, it did not add enough to
+pay for itself (``gate``), counted apart per band of what retrieval alone promises (beside a long,
 confident copy a model drafter seldom adds anything; beside a weak one it may). Verification is
 unchanged, so the output is exactly the target's.
 """
@@ -60,7 +55,6 @@ RETRIEVAL_BANDS = (1.2, 1.6, 2.2)  # retrieval's own tokens per step: a hybrid's
 PLAIN_PASSES = 4  # one-token passes timed before t(1)'s correction is trusted; until then every
 PLAIN_EVERY = 8  # PLAIN_EVERY-th round is a plain step, while drafting pays less than
 PLAIN_BELOW = 1.5  # this many tokens per step (above it, t(1)'s error cannot turn the choice)
-REALIZED_DECAY = 0.8  # weight of the past in whether drafting paid (about the last 5 drafted rounds count)
 
 
 class Backoff:
@@ -68,13 +62,6 @@ class Backoff:
 
     def __init__(self):
         self.skip, self.wait = 0, 1
-        self.gain: float | None = None  # what drafting realized over not drafting, tokens per step, averaged
-
-    def judge(self, gain: float) -> None:
-        """A drafted round realized ``gain`` tokens per step over what not drafting would have: drafting
-        pays while the average of the recent rounds' gains is positive (one round alone is mostly luck)."""
-        self.gain = gain if self.gain is None else REALIZED_DECAY * self.gain + (1 - REALIZED_DECAY) * gain
-        self.lost() if self.gain <= 0 else self.paid()
 
     def take(self) -> bool:
         """True: sit this round out."""
@@ -97,20 +84,6 @@ class GateRound(NamedTuple):
     rate: float  # retrieval alone: its best tokens per step, drafting included (0.0 when nothing was retrieved)
     drafted: bool  # the model drafter drafted too
     band: int | None  # the RETRIEVAL_BANDS band of ``rate`` (None when nothing was retrieved)
-    alone: Draft | None = None  # retrieval's draft as the controller would have verified it alone
-    alone_steps: float = 0.0  # that pass's cost in one-token steps, retrieval's drafting included
-
-
-def realized_length(draft: Draft, tokens: list[int]) -> int:
-    """How many of ``tokens`` (a round's accepted draft tokens then the target's next one) ``draft``'s tree
-    holds as a path from its root: the draft tokens that verifying it alone would have accepted (at
-    least; greedy exactly, up to the next token)."""
-    tree, node, have = draft.tree, 0, draft.tokens.tolist()
-    for n, tok in enumerate(tokens):
-        node = next((c for c in tree.children[node] if have[c] == tok), None)
-        if node is None:
-            return n
-    return len(tokens)
 
 
 class AutoTree:
@@ -151,11 +124,9 @@ class AutoTree:
             self._gate = GateRound(False, 0.0, not self.drafter_backoff.take(), None)
         else:
             t1 = self.cost.seconds(1, prefix_len)
-            keep, rate = self._best(retrieval, prefix_len, seconds / t1)  # retrieval alone, drafting included
+            rate = self._best(retrieval, prefix_len, seconds / t1)[1]  # retrieval alone, drafting included
             band = bisect.bisect_right(RETRIEVAL_BANDS, rate)
-            alone = prune(retrieval, keep)
-            steps = self.cost.rel(verify_width(len(keep), self.pad_to), prefix_len, alone.tree.is_chain) + seconds / t1
-            self._gate = GateRound(True, rate, not self.model_backoff[band].take(), band, alone, steps)
+            self._gate = GateRound(True, rate, not self.model_backoff[band].take(), band)
         return self._gate.drafted
 
     def _conds(self, draft: Draft) -> list[float]:
@@ -235,9 +206,9 @@ class AutoTree:
         return prune(draft, keep)
 
     def observe(self, draft: Draft, path: list[int], prefix_len: int, drafted: bool, verify_seconds: float = 0.0,
-                width: int | None = None, next_token: int | None = None) -> None:
+                width: int | None = None) -> None:
         """Learn from a verified round: what its pass cost, which nodes were tried and accepted, and
-        whether drafting paid. ``next_token``: the token the target added after the accepted path."""
+        whether drafting paid."""
         if verify_seconds > 0:
             self.cost.observe(width or draft.tree.size, prefix_len, draft.tree.is_chain, verify_seconds)
         if not drafted:
@@ -254,22 +225,11 @@ class AutoTree:
         gate, self._gate = self._gate, None
         if gate is not None and gate.retrieved:  # a hybrid round with retrieved candidates
             if gate.drafted:  # did the model drafter beat what retrieval alone would have made of the round?
-                # judged by what the round realized, not by the estimates that chose it (a tree is verified
-                # because its estimate came out high, so estimates flatter the model part): retrieval's
-                # own tree would have accepted the part of the accepted tokens it holds as a path
-                accepted = draft.tokens[path[1:]].tolist() + ([] if next_token is None else [next_token])
-                alone = (1 + realized_length(gate.alone, accepted)) / gate.alone_steps
-                self.model_backoff[gate.band].judge(self._realized(path, prefix_len, tree, width) - alone)
+                backoff = self.model_backoff[gate.band]
+                backoff.paid() if self.rate > gate.rate else backoff.lost()
         elif gate is None or gate.drafted:  # the drafter (or the hybrid's model part, alone) drafted
-            if self._draft_steps > CHEAP_DRAFT:  # against a plain step's one token per step, as realized
-                self.drafter_backoff.judge(self._realized(path, prefix_len, tree, width) - 1.0)
-            else:
-                self.drafter_backoff.paid()
-
-    def _realized(self, path: list[int], prefix_len: int, tree: Tree, width: int | None) -> float:
-        """The round's tokens per step as realized: its accepted path and the target's token over what
-        its pass (by the cost curve) and its drafting cost."""
-        return len(path) / (self.cost.rel(width or tree.size, prefix_len, tree.is_chain) + self._draft_steps)
+            lost = self.rate < 1.0 and self._draft_steps > CHEAP_DRAFT
+            self.drafter_backoff.lost() if lost else self.drafter_backoff.paid()
 
 
 def prune(draft: Draft, keep: list[int]) -> Draft:

@@ -231,7 +231,7 @@ class SpeculativeGenerator:
                 if auto is not None:
                     tc = time.perf_counter()
                     # the prompt's pass teaches the cost curve nothing about a round's
-                    auto.observe(draft, path, length, drafted, t2 - t1 if pending is None else 0.0, width, new[-1])
+                    auto.observe(draft, path, length, drafted, t2 - t1 if pending is None else 0.0, width)
                     stats.time_control += time.perf_counter() - tc
                 new = new[:budget]
                 hit = next((i for i, t in enumerate(new) if t in eos), None)

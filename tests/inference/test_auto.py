@@ -207,39 +207,3 @@ def test_a_hybrid_whose_model_part_never_pays_still_retrieves_every_round(models
     passes = out.stats.target_forward_passes  # less every PLAIN_EVERY-th: a plain step timing t(1)
     assert lookup.calls >= passes - passes // PLAIN_EVERY, (lookup.calls, passes)
     assert bad.calls < 0.6 * passes, (bad.calls, passes)
-
-
-@pytest.mark.parametrize("accepted, model_paid", [([1, 2, 3], False), ([7, 8, 9], True)])
-def test_a_hybrid_gate_judges_the_model_part_by_what_the_round_realized(accepted, model_paid):
-    """The model part of a hybrid is sure of its branch (scores 0.99), so the merged tree always promises
-    more than retrieval's alone. Whether it paid is judged by the round's accepted tokens: when they are
-    retrieval's chain, the model part added nothing and cost half a step, so it sits out the next round
-    of that band; when they are its own branch, it paid."""
-    auto = AutoTree(made_up_curve(0.02))
-    retrieval = Draft(Tree([-1, 0, 1, 2]), torch.tensor([5, 1, 2, 3]), scores=[1.0, 0.9, 0.9, 0.9], sources=[1] * 4)
-    assert auto.should_draft(gated=True) and auto.gate(retrieval, 0.0, 100)  # a fresh gate lets the model draft
-    band = auto._gate.band
-    merged = Draft(Tree([-1, 0, 1, 2, 0, 4, 5]), torch.tensor([5, 1, 2, 3, 7, 8, 9]),
-                   scores=[1.0, 0.9, 0.9, 0.9, 0.99, 0.99, 0.99], sources=[1, 1, 1, 1, 0, 0, 0])
-    chosen = auto.select(merged, 100, draft_seconds=0.5)  # t(1) is 1 s: drafting cost half a step
-    assert auto.rate > auto._gate.rate  # what the estimates say: the model part pays
-    tokens, path = chosen.tokens.tolist(), [0]
-    for tok in accepted:
-        path.append(next(c for c in chosen.tree.children[path[-1]] if tokens[c] == tok))
-    auto.observe(chosen, path, 100, True, 0.0, chosen.tree.size, next_token=4)
-    assert auto.model_backoff[band].take() is (not model_paid)
-
-
-def test_drafting_backs_off_on_the_average_of_what_recent_rounds_realized():
-    """One lucky round does not make a losing drafter pay (nor one unlucky round a paying one lose):
-    the backoff follows the decayed average of the realized gains."""
-    from headway.inference.auto import Backoff
-
-    b = Backoff()
-    b.judge(-0.5)  # lost: sit one round out
-    assert b.take() and not b.take()
-    b.judge(0.3)  # a lucky round: the average is still negative, so the wait doubles
-    assert (b.skip, b.wait) == (2, 4)
-    for _ in range(3):
-        b.judge(0.6)
-    assert b.gain > 0 and b.wait == 1  # paying again: the next loss waits one round only
