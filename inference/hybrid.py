@@ -93,7 +93,6 @@ class HybridProposer(Proposer):
             return next((d for d in drafts if d.tree.size > 1), drafts[0])
         return merge_drafts(drafts, self.max_extra_nodes, ids) if len(drafts) > 1 else drafts[0]
 
-
     def propose_first(self, ctx: DraftContext) -> Draft:
         """Before the prompt's pass: the drafters that read no target features (retrieval) draft; a
         model drafter that reads them starts next round, with the prompt's features."""
