@@ -2,8 +2,8 @@
 
 Each fixture is a drafter saved by the version ``expected.json`` names (see make_fixtures.py there);
 it must load through the public loaders, give the same raw outputs on the stored inputs, and make
-the same drafts: the same tokens accepted by every verification pass, and the same greedy tokens,
-which are also the target's own."""
+the same drafts: replayed at the contexts the recorded rounds drafted at, each round accepts the
+tokens it did then; and today's generator makes the same greedy tokens, which are also the target's own."""
 
 from __future__ import annotations
 
@@ -15,9 +15,13 @@ import torch
 from safetensors.torch import load_file
 
 from headway.heads import EagleHead, MedusaHeads, load_drafter
+from headway.heads.target.features import capture_features
 from headway.heads.target.tiny import build_tiny_target
 from headway.heads.eagle import Eagle1Head, Eagle3Head
 from headway.inference import SpeculativeGenerator
+from headway.inference.proposer import DraftContext, as_proposer
+from headway.inference.tree import node_path
+from headway.inference.verify import verify_greedy
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "compat").glob("v*"))
 CLASSES = {"medusa": MedusaHeads, "eagle1": EagleHead, "eagle3": EagleHead}
@@ -61,9 +65,38 @@ def test_an_earlier_export_loads_and_computes_the_same(release, name):
     gen = SpeculativeGenerator(target, drafter, tree=record["tree"])
     for prompt, run in zip(record["prompts"], record["drafters"][name]["generations"]):
         ids = torch.tensor([prompt])
+        replayed = replay_rounds(target, drafter, record["tree"], len(prompt), run["sequence"], record["new_tokens"],
+                                 len(run["accepted_per_step"]))
+        assert replayed == run["accepted_per_step"], f"{name}: the drafts changed"
         out = gen.generate(ids, max_new_tokens=record["new_tokens"])
-        assert out.stats.accepted_per_step == run["accepted_per_step"], f"{name}: the drafts changed"
         assert out.sequences[0].tolist() == run["sequence"]
         plain = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                 max_new_tokens=record["new_tokens"])
         assert out.sequences[0].tolist() == plain[0].tolist()
+
+
+@torch.no_grad()
+def replay_rounds(target, drafter, tree, prompt_len: int, sequence: list[int], new_tokens: int, rounds: int) -> list[int]:
+    """The recorded rounds drafted with today's drafter: round r at the context the record had reached
+    (the prompt and what the earlier rounds accepted), shown the target's features of every position
+    but the root's, its tree verified greedily by a plain forward over each node's path. Returns the
+    tokens each round accepted (its accepted nodes and the target's one). (Today's generator runs the
+    prompt in the first round's pass, so its own rounds draft at other contexts.)"""
+    proposer = as_proposer(drafter)
+    proposer.bind(target)
+    spec = proposer.resolve_tree(tree)
+    out, at = [], prompt_len
+    for _ in range(rounds):
+        context = torch.tensor(sequence[:at])
+        features = capture_features(target, context[None, :-1], proposer.feature_layers)[0]  # [L - 1, F]
+        proposer.reset()
+        budget = new_tokens - (at - prompt_len)
+        draft = proposer.propose(DraftContext(context, features, spec, budget - 1, None, None))
+        tokens = draft.tokens.tolist()
+        paths = [context.tolist() + [tokens[j] for j in node_path(draft.tree.parents, i)[1:]]
+                 for i in range(draft.tree.size)]
+        argmax = [int(target(input_ids=torch.tensor([ids])).logits[0, -1].argmax()) for ids in paths]
+        path, _ = verify_greedy(draft.tree.children, tokens, argmax)
+        out.append(min(len(path), budget))
+        at += out[-1]
+    return out
