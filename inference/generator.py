@@ -6,11 +6,13 @@ bonus, or the correction after a rejection), so each target pass yields at least
 the output is exactly the target's: argmax-equal when greedy, identically distributed when
 sampling (Leviathan et al. 2022, arXiv:2211.17192; SpecInfer, arXiv:2305.09781).
 
-There is no prefill pass of its own: the first round's pass runs the prompt (all but its last
-token) and then the first tree, drafted from the prompt's tokens alone (``Proposer.propose_first``:
-retrieval and draft models draft; a drafter that reads the target's features has none yet and
-proposes the root alone, so that pass yields one token, as ``generate``'s prefill does). Every
-call saves one target pass: a separate prefill would yield no token.
+There is no prefill pass of its own when the first tree is a chain: the first round's pass runs
+the prompt (all but its last token) and then the tree, drafted from the prompt's tokens alone
+(``Proposer.propose_first``: retrieval and draft models draft; a drafter that reads the target's
+features has none yet and proposes the root alone, so that pass yields one token, as
+``generate``'s prefill does), which saves one target pass per call. A first tree that is not a
+chain would need a 4D mask over the whole prompt, which on a long prompt costs more than the pass it saves: the prompt then
+runs on its own first.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from headway.inference.proposer import Draft, DraftContext, as_proposer, root_dr
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree
-from headway.inference.target_forward import check_attention, tree_forward
+from headway.inference.target_forward import check_attention, prefill, tree_forward
 from headway.inference.inputs import check_generation, context_length
 from headway.inference.verify import LazyProbs, SamplingParams, probs, verify_greedy, verify_sampling, verify_typical
 
@@ -211,6 +213,15 @@ class SpeculativeGenerator:
                 if draft.tokens.shape[0] != draft.tree.size:
                     raise RuntimeError(f"{type(drafter).__name__} returned {draft.tokens.shape[0]} tokens "
                                        f"for a tree of {draft.tree.size} nodes")
+                prompt_rows, t_prefill = None, 0.0  # the prompt's features and time when it runs on its own
+                if pending is not None and not draft.tree.is_chain:
+                    # a tree's 4D mask over the whole prompt loses the model's causal kernel: at 1,200 tokens the
+                    # pass cost 2.96 s against 2.73 s for a prefill and then the tree (a chain: 2.58 s)
+                    tp = time.perf_counter()
+                    prefill(self.target, cache, pending[None])
+                    prompt_rows = capture.pop()[0] if capture else None  # [P - 1, F]
+                    pending, t_prefill = None, time.perf_counter() - tp
+                    stats.time_prefill += t_prefill
                 sync()
                 t1 = time.perf_counter()
                 logits, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
@@ -225,8 +236,8 @@ class SpeculativeGenerator:
                     rows = capture.pop()[0]  # [M + W, F]
                     m = 0 if pending is None else pending.shape[0]
                     accepted = rows.index_select(0, torch.tensor(path, device=self.device) + m)
-                    if m:
-                        accepted = torch.cat([rows[:m], accepted])
+                    if m or prompt_rows is not None:
+                        accepted = torch.cat([rows[:m] if m else prompt_rows, accepted])
                     features = accepted if drafted or features is None else torch.cat([features, accepted])
                 if auto is not None:
                     tc = time.perf_counter()
@@ -249,7 +260,7 @@ class SpeculativeGenerator:
                 stats.verify_width_per_step.append(width)
                 sync()
                 t3 = time.perf_counter()
-                stats.time_draft += t1 - t0
+                stats.time_draft += t1 - t0 - t_prefill
                 if pending is None:
                     stats.time_verify += t2 - t1
                 else:  # the prompt's pass: prefill time, though it verified the first tree too

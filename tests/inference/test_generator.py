@@ -192,3 +192,15 @@ def test_stats_summarise_the_rounds():
     assert d["time_total"] == 2.0 and d["accepted_per_step"] == [3, 1, 4, 1] and d["lossy"] is False
     empty = GenerationStats()
     assert empty.mean_accepted_length == 0.0 and empty.depth_acceptance == [] and empty.time_total == 0.0
+
+
+@pytest.mark.parametrize("tree, folded", [("chain-4", 1), ("tree-15", 0)])
+def test_the_prompt_runs_in_the_first_pass_when_the_first_tree_is_a_chain(target, self_draft, tree, folded):
+    """A chain (plain causal attention) is verified in the prompt's own pass, which saves one target pass;
+    a tree would need a 4D mask over the whole prompt, so the prompt runs on its own first. Both give
+    the target's tokens, and a perfect drafter's first pass accepts its whole first tree either way."""
+    gen = SpeculativeGenerator(target, DraftModelProposer(self_draft), tree=tree)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    out = gen.generate(ids, max_new_tokens=12)
+    assert torch.equal(out.sequences, reference_generate(target, ids, 12))
+    assert out.stats.prefill_passes == folded and out.stats.accepted_per_step[0] == 1 + gen.tree.depth
