@@ -11,8 +11,8 @@ the prompt (all but its last token) and then the tree, drafted from the prompt's
 (``Proposer.propose_first``: retrieval and draft models draft; a drafter that reads the target's
 features has none yet and proposes the root alone, so that pass yields one token, as
 ``generate``'s prefill does), which saves one target pass per call. A first tree that is not a
-chain would need a 4D mask over the whole prompt, which on a long prompt costs more than the pass it saves: the prompt then
-runs on its own first.
+chain would need a 4D mask over the whole prompt, which on a long prompt costs more than the pass
+it saves: the prompt then runs on its own first.
 """
 
 from __future__ import annotations

@@ -55,14 +55,17 @@ def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int
                  max_positions: int | None = None, pending: torch.Tensor | None = None):
     """Run ``model`` over the tree's nodes appended to a prefix of ``prefix_len`` tokens.
 
-    tokens: [N] long (node 0 first) on the model's device. The cache holds the prefix, or all of it
-    but its last ``pending`` [M] tokens, which this pass runs first (causally, before the tree: the
-    prefill and the first round in one forward). The cache grows by M + the padded width W; the
+    tokens: [N] long (node 0 first) on the model's device. The cache holds the prefix, or, for a
+    chain, all of it but its last ``pending`` [M] tokens, which this pass runs first (the prefill and
+    the first round in one causal forward; a tree would need a 4D mask over the whole prompt, which
+    costs more than a prefill of its own). The cache grows by M + the padded width W; the
     caller compacts the tree's part. ``max_positions``: the model's context (absolute position
     embeddings): a chain is not padded past it. Returns (logits [N, V], W). (Drafters' features come
     from the generator's forward hooks, at the layers each drafter asks for.)
     """
     n, m = tokens.shape[0], 0 if pending is None else pending.shape[0]
+    if m and not tree.is_chain:
+        raise ValueError("pending prompt tokens run before a chain only: prefill them first for a tree")
     width = verify_width(n, pad_to)
     if tree.is_chain and max_positions is not None and prefix_len + width > max_positions:
         width = n  # a chain's padding sits after its last node: keep every position inside the context
@@ -80,12 +83,8 @@ def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int
     else:
         mask, depths = padded_tree_tensors(tree, width, device, dtype)  # [W, W], [W]
         positions = depths + prefix_len
-        full = torch.zeros((1, 1, m + width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all
-        full[0, 0, m:, prefix_len:] = mask
-        if m:  # the pending tokens: causal among themselves, blind to the tree
-            positions = torch.cat([torch.arange(start, prefix_len, device=device), positions])
-            full[0, 0, :m, start:] = torch.finfo(dtype).min
-            full[0, 0, :m, start:prefix_len].triu_(1)  # [M, M]: each sees itself and those before it
+        full = torch.zeros((1, 1, width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all
+        full[0, 0, :, prefix_len:] = mask
     out = model(input_ids=tokens[None], position_ids=positions[None], attention_mask=full,
                 cache=cache, use_cache=True, logits_to_keep=width)
     return out.logits[0, :n], width

@@ -63,7 +63,7 @@ def test_chain_pass_equals_a_plain_forward(family_model):
     torch.testing.assert_close(padded, causal_logits(model, torch.cat([prompt[:-1], nodes]))[5:], rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("tree_name", ["tree-15", "chain-4"])
+@pytest.mark.parametrize("tree_name", ["chain-4"])
 def test_a_pass_with_pending_prompt_tokens_equals_prefill_then_the_tree(family_model, tree_name):
     """The prompt's pass (the prefill and the first tree in one forward, ``pending``): every node's logits
     are those of a causal run over prompt + its path, and the cache then holds what a prefill plus
@@ -82,6 +82,8 @@ def test_a_pass_with_pending_prompt_tokens_equals_prefill_then_the_tree(family_m
     torch.testing.assert_close(folded, apart, rtol=0, atol=1e-10)
     for a, b in zip(cache.layers, empty.layers):
         torch.testing.assert_close(b.keys, a.keys, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="prefill them first"):
+        tree_forward(model, new_cache(model), load_tree("tree-15"), nodes, prefix_len=8, pending=prompt[:-1])
 
 
 def test_prefill_and_chain_forward_return_the_last_positions_logits(family_model):
