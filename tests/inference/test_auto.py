@@ -6,7 +6,7 @@ import torch
 
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from headway.inference import cost_curve as cc
-from headway.inference.auto import PLAIN_EVERY, AutoTree, prune
+from headway.inference.auto import DECAY, PLAIN_EVERY, PRIOR_WEIGHT, AutoTree, prune
 from headway.inference.proposer import Draft, Proposer, as_proposer
 from headway.inference.tree import Tree
 from tests.inference.eagle_utils import train_eagle
@@ -106,6 +106,18 @@ def test_selection_follows_the_scores_and_the_curve():
     assert torch.equal(kept.q, q[[0, 1, 3]])
     pruned = prune(Draft(Tree([-1, 0, 0]), torch.tensor([5, 6, 7]), q={0: q[0]}), [0, 2])
     assert pruned.tree.parents == [-1, 0] and pruned.tokens.tolist() == [5, 7] and set(pruned.q) == {0}
+
+
+def test_a_cell_estimate_is_the_decayed_share_accepted_with_the_drafters_prior():
+    """A cell's estimate is the decayed share of its nodes accepted, the drafter's own figure counted as
+    PRIOR_WEIGHT tries."""
+    auto = AutoTree(made_up_curve(0.3))
+    draft = Draft(Tree([-1, 0]), torch.tensor([1, 2]), scores=[1.0, 0.5])
+    for path in ([0, 1], [0], [0, 1]):
+        auto.observe(draft, path, 10, drafted=True)
+    acc = DECAY ** 2 + 1.0
+    tried = DECAY ** 2 + DECAY + 1.0
+    assert abs(auto.scores(draft)[1] - (acc + PRIOR_WEIGHT * 0.5) / (tried + PRIOR_WEIGHT)) < 1e-9
 
 
 @pytest.mark.parametrize("parents", [[-1, 0, 1, 2, 3], [-1, 0, 0, 1, 2]], ids=["chain", "tree"])
