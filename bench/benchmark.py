@@ -202,7 +202,8 @@ def run_one(kind, method, target, ids, max_new_tokens: int, eos: int):
         seq = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
                               eos_token_id=eos, pad_token_id=eos, **method)
         return seq[0, ids.shape[1]:].tolist(), time.perf_counter() - start, None  # tolist waits for the device
-    out = method.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos)
+    # profile: the draft / verify / bookkeeping split it prints is timed exactly (on a GPU, waits around each part)
+    out = method.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, profile=True)
     return out.sequences[0, ids.shape[1]:].tolist(), time.perf_counter() - start, out.stats
 
 

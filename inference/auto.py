@@ -35,6 +35,7 @@ unchanged, so the output is exactly the target's.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 from typing import NamedTuple
 
@@ -140,7 +141,7 @@ class AutoTree:
         probability of a draw), over the node's rank among its siblings; depth and the acceptance seen
         so far do the rest.
         """
-        tree, raw = draft.tree, draft.scores
+        tree, raw = draft.tree, draft.score_list()
         if draft.q is not None:
             row = draft.q.get(0) if isinstance(draft.q, dict) else draft.q[0]
             conf = float(row.double().square().sum()) if row is not None else 0.5
@@ -202,6 +203,8 @@ class AutoTree:
         """The part of ``draft`` worth verifying this round (the root alone: a plain step)."""
         t1 = self.cost.seconds(1, prefix_len)
         self._draft_steps = draft_seconds / t1
+        if isinstance(draft.scores, torch.Tensor):  # one read here, not one per use
+            draft = dataclasses.replace(draft, scores=draft.score_list())
         keep, self.rate = self._best(draft, prefix_len, self._draft_steps)
         return prune(draft, keep)
 
@@ -245,6 +248,7 @@ def prune(draft: Draft, keep: list[int]) -> Draft:
         q = {index[n]: v for n, v in q.items() if n in index}
     elif q is not None:
         q = q[torch.tensor(keep, device=q.device)]
-    scores = [draft.scores[n] for n in keep] if draft.scores is not None else None
+    raw = draft.score_list()
+    scores = [raw[n] for n in keep] if raw is not None else None
     sources = [draft.sources[n] for n in keep] if draft.sources is not None else None
     return Draft(Tree(parents, ranks=ranks, name=f"auto-{len(keep)}"), tokens, q, scores=scores, sources=sources)

@@ -132,13 +132,13 @@ class DraftModelProposer(Proposer):
         self._cached = length
         feed = self._feed(length, ctx.tokens.device)
         if isinstance(tree, DynamicTree):
-            draft = expand_dynamic(tree, min(ctx.max_depth, room), int(ctx.tokens[-1]), logits, feed)
+            draft = expand_dynamic(tree, min(ctx.max_depth, room), ctx.root_token, logits, feed)
         elif tree.size == 1:
             return root_only(ctx)
         elif tree.is_chain:
             draft = self._chain(ctx, tree, logits)
         else:
-            draft = expand_static(tree, int(ctx.tokens[-1]), logits, feed, ctx.sampling, ctx.generator)
+            draft = expand_static(tree, ctx.root_token, logits, feed, ctx.sampling, ctx.generator)
         crop_to(self._cache, length)  # drop every draft entry: the cache holds the context only
         return draft
 
@@ -162,7 +162,7 @@ class DraftModelProposer(Proposer):
         def feed(exp: Expansion, nodes: list[int]) -> torch.Tensor:
             dtype = self.model.dtype
             mask = feed_mask(exp, nodes, length, dtype, device)  # [1, 1, R, length + F + R]
-            ids = torch.tensor([exp.tokens[n] for n in nodes], device=device)[None]
+            ids = exp.token_ids(nodes, device)[None]
             positions = torch.tensor([length - 1 + exp.depths[n] for n in nodes], device=device)[None]
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self._cache,
                              use_cache=True)

@@ -105,7 +105,7 @@ class EagleProposer(Proposer):
 
         def feed(exp: Expansion, nodes: list[int]) -> torch.Tensor:
             mask = feed_mask(exp, nodes, self._seen, root_h.dtype, device)  # [1, 1, R, seen + F + R]
-            tok = torch.tensor([exp.tokens[n] for n in nodes], device=device)[None]
+            tok = exp.token_ids(nodes, device)[None]
             pos = torch.tensor([length - 2 + exp.depths[n] for n in nodes], device=device)[None]
             hid = torch.stack([hidden[exp.parents[n]] for n in nodes])[None]  # [1, R, H]
             out = head(tok, hid, pos, attention_mask=mask, cache=self._cache)[0]  # [R, H]
@@ -115,12 +115,12 @@ class EagleProposer(Proposer):
 
         to_target = head.to_target_ids
         if isinstance(tree, DynamicTree):
-            draft = expand_dynamic(tree, ctx.max_depth, int(ctx.tokens[-1]), root_logits, feed, to_target)
+            draft = expand_dynamic(tree, ctx.max_depth, ctx.root_token, root_logits, feed, to_target)
         else:
             tree = tree.truncate(ctx.max_depth)
             if tree.size == 1:
                 return root_only(ctx)
-            draft = expand_static(tree, int(ctx.tokens[-1]), root_logits, feed, ctx.sampling, ctx.generator,
+            draft = expand_static(tree, ctx.root_token, root_logits, feed, ctx.sampling, ctx.generator,
                                   to_target, self._widen)
         self._cache.crop(self._seen)
         return draft

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -63,12 +63,23 @@ class DynamicTree:
 
 @dataclasses.dataclass
 class Expansion:
-    """The nodes grown so far this round (node 0 is the root) and the order they were fed in."""
+    """The nodes grown so far this round (node 0 is the root) and the order they were fed in.
+
+    A static tree's expansion keeps its tokens on the device (a long tensor [N], filled level by
+    level, never read) and names its ``tree``, whose per-level masks are then built once; a dynamic
+    one grows a host list."""
 
     parents: list[int]
-    tokens: list[int]
+    tokens: list[int] | torch.Tensor
     depths: list[int]
     fed: list[int] = dataclasses.field(default_factory=list)
+    tree: Tree | None = None
+
+    def token_ids(self, nodes: list[int], device) -> torch.Tensor:
+        """The tokens of ``nodes`` [R] long on ``device`` (gathered there when the tokens live there)."""
+        if isinstance(self.tokens, torch.Tensor):
+            return self.tokens[torch.tensor(nodes, device=self.tokens.device)]
+        return torch.tensor([self.tokens[n] for n in nodes], device=device)
 
     def add(self, parent: int, token: int) -> int:
         self.parents.append(parent)
@@ -89,16 +100,18 @@ Feed = Callable[[Expansion, list[int]], torch.Tensor]
 
 def feed_mask(exp: Expansion, nodes: list[int], prefix: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Additive mask [1, 1, R, prefix + F + R] for feeding ``nodes`` after ``prefix`` cached context
-    entries and the F nodes already fed: each row sees the context, its fed ancestors and itself."""
-    cols = exp.fed + nodes
-    allowed = torch.zeros((len(nodes), len(cols)), dtype=torch.bool)
-    for r, n in enumerate(nodes):
-        anc = exp.ancestors(n)
-        for c, m in enumerate(cols):
-            allowed[r, c] = m in anc
-    mask = torch.zeros((1, 1, len(nodes), prefix + len(cols)), dtype=dtype)
-    mask[0, 0, :, prefix:] = (~allowed).to(dtype) * torch.finfo(dtype).min
-    return mask.to(device)
+    entries and the F nodes already fed: each row sees the context, its fed ancestors and itself.
+    A static tree's block over the fed nodes is built once per level (its feeds never change)."""
+    def blocked() -> torch.Tensor:  # [R, F + R] bool: True where a row must not look
+        cols = exp.fed + nodes
+        rows = [[m not in anc for m in cols] for anc in map(exp.ancestors, nodes)]
+        return torch.tensor(rows, dtype=torch.bool, device=device)
+
+    block = blocked() if exp.tree is None else \
+        exp.tree.cached(("feed", len(exp.fed), tuple(nodes), str(device)), blocked)
+    mask = torch.zeros((1, 1, len(nodes), prefix + block.shape[1]), dtype=dtype, device=device)
+    mask[0, 0, :, prefix:].masked_fill_(block, torch.finfo(dtype).min)
+    return mask
 
 
 def _run_feed(feed: Feed, exp: Expansion, nodes: list[int]) -> torch.Tensor:
@@ -114,30 +127,62 @@ def expand_static(tree: Tree, root_token: int, root_logits: torch.Tensor, feed: 
     """Fill ``tree`` level by level. root_logits: [V'] the drafter's logits after the root.
 
     ``to_target`` maps indices of the drafter's logits to target token ids, ``widen`` a [V']
-    distribution to the target's [V] (both identity for a full vocabulary)."""
-    exp = Expansion(list(tree.parents), [root_token] + [0] * (tree.size - 1), list(tree.depths))
+    distribution to the target's [V] (both identity for a full vocabulary). Everything stays on the
+    device: the tokens, and the scores (a node's draft probability multiplied along its path, which
+    tree="auto" reads once)."""
+    device = root_logits.device
+    tokens = torch.empty(tree.size, dtype=torch.long, device=device)  # [N]
+    tokens[0] = root_token
+    scores = torch.ones(tree.size, dtype=torch.float32, device=device)  # [N]
+    exp = Expansion(list(tree.parents), tokens, list(tree.depths), tree=tree)
     q = {}
-    scores = [1.0] * tree.size  # a node's draft probability multiplied along its path (tree="auto" reads it)
-    frontier, logits = [0], root_logits[None]  # nodes whose children are picked next, their logits [R, V']
-    while frontier:
-        most = max(len(tree.children[n]) for n in frontier)
-        k = max(most, max(tree.ranks[c] for n in frontier for c in tree.children[n]) + 1)
-        cand, dist = sample_children(logits, k, sampling, generator)  # [R, k], [R, V'] | None
-        p = (dist if dist is not None else logits.float().softmax(-1)).gather(1, cand).tolist()  # [R, k]
-        cand = to_target(cand).tolist()
-        for row, node in enumerate(frontier):
-            for j, child in enumerate(tree.children[node]):
-                # greedy: the rank-r token; sampling: the j-th draw without replacement
-                col = tree.ranks[child] if dist is None else j
-                exp.tokens[child] = cand[row][col]
-                scores[child] = scores[node] * p[row][col]
-            if dist is not None:
+    logits = root_logits[None]  # [R, V'] the logits of this level's frontier
+    for level in static_levels(tree, device):
+        cand, dist = sample_children(logits, level.k, sampling, generator)  # [R, k], [R, V'] | None
+        col = level.ranks if dist is None else level.draws  # greedy: the rank-r token; sampling: the j-th draw
+        p = (dist if dist is not None else logits.float().softmax(-1)).gather(1, cand)  # [R, k]
+        tokens[level.kids] = to_target(cand[level.rows, col])
+        scores[level.kids] = scores[level.parents] * p[level.rows, col]
+        if dist is not None:
+            for row, node in enumerate(level.frontier):
                 q[node] = widen(dist[row])
-        frontier = [c for n in frontier for c in tree.children[n] if tree.children[c]]
-        if frontier:
-            logits = _run_feed(feed, exp, frontier)
-    tokens = torch.tensor(exp.tokens, dtype=torch.long, device=root_logits.device)
+        if level.grow:
+            logits = _run_feed(feed, exp, level.grow)
     return Draft(tree, tokens, q if sampling is not None else None, scores=scores)
+
+
+class Level(NamedTuple):
+    """One level of a static tree's expansion: its children picked from the frontier's candidates."""
+
+    frontier: list[int]  # [R] nodes whose children are picked (their logits' rows, in order)
+    k: int  # candidates drawn per frontier row
+    kids: torch.Tensor  # [C] the children picked at this level
+    rows: torch.Tensor  # [C] each child's parent's row in the frontier
+    parents: torch.Tensor  # [C] each child's parent node
+    ranks: torch.Tensor  # [C] greedy: the child's rank among the candidates
+    draws: torch.Tensor  # [C] sampling: the child's place among its siblings (the j-th draw)
+    grow: list[int]  # the next frontier: this level's children that have children, fed after it
+
+
+def static_levels(tree: Tree, device) -> list[Level]:
+    """The levels ``expand_static`` runs for ``tree``, their index tensors on ``device`` (memoised)."""
+    def build() -> list[Level]:
+        levels, frontier = [], [0]
+        while frontier:
+            picks = [(row, node, j, c) for row, node in enumerate(frontier) for j, c in enumerate(tree.children[node])]
+            k = max(max(len(tree.children[n]) for n in frontier), max(tree.ranks[c] for *_, c in picks) + 1)
+            grow = [c for *_, c in picks if tree.children[c]]
+
+            def col(i: int) -> torch.Tensor:
+                return torch.tensor([pick[i] for pick in picks], dtype=torch.long, device=device)
+
+            levels.append(Level(frontier, k, col(3), col(0), col(1),
+                                torch.tensor([tree.ranks[c] for *_, c in picks], dtype=torch.long, device=device),
+                                col(2), grow))
+            frontier = grow
+        return levels
+
+    return tree.cached(("static_levels", str(device)), build)
 
 
 def expand_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_logits: torch.Tensor, feed: Feed,
@@ -158,12 +203,13 @@ def expand_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_
     for level in range(depth):
         logp = logits.float().log_softmax(-1)  # [R, V']
         top = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [R, k]
-        ids = to_target(top.indices).tolist()
-        cum = (top.values + torch.tensor([score[n] for n in frontier], device=logp.device)[:, None]).tolist()
+        cum = top.values + torch.tensor([score[n] for n in frontier], device=logp.device)[:, None]  # [R, k]
+        # one read per level: token ids (exact in float64) and cumulative log-probabilities together
+        ids, cum = torch.stack([to_target(top.indices).double(), cum.double()]).tolist()
         new = []
         for row, node in enumerate(frontier):
             for j in range(len(ids[row])):
-                child = exp.add(node, ids[row][j])
+                child = exp.add(node, int(ids[row][j]))
                 score.append(cum[row][j])
                 new.append(child)
         if level + 1 == depth:

@@ -29,10 +29,11 @@ from headway.inference.cpu_gemm import is_packed
 from headway.inference.proposer import Draft, DraftContext, as_proposer, root_draft
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
-from headway.inference.tree import Tree
+from headway.inference.tree import Tree, node_path
 from headway.inference.target_forward import check_attention, prefill, tree_forward
 from headway.inference.inputs import check_generation, context_length
-from headway.inference.verify import LazyProbs, SamplingParams, probs, verify_greedy, verify_sampling, verify_typical
+from headway.inference.verify import (LazyProbs, SamplingParams, probs, verify_greedy_tensors, verify_sampling,
+                                      verify_typical)
 
 ACCEPTANCE = ("exact", "typical")
 
@@ -139,7 +140,8 @@ class SpeculativeGenerator:
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, generator: torch.Generator | None = None, *, streamer=None,
-                 generation_config=None, logits_processor=None, **generation_kwargs) -> SpeculativeOutput:
+                 generation_config=None, logits_processor=None, profile: bool = False,
+                 **generation_kwargs) -> SpeculativeOutput:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids`` ([1, T] or [T]).
 
         ``temperature=0`` is greedy and equals ``target_model.generate(do_sample=False)`` token for
@@ -157,6 +159,10 @@ class SpeculativeGenerator:
         honoured exactly (beam search, guidance, stop strings, other sampling warpers) are refused.
         ``streamer``: a transformers streamer (e.g. ``TextStreamer(tokenizer, skip_prompt=True)``);
         it receives the prompt, then the tokens of each round as they are accepted.
+        ``profile=True`` times each part of a round exactly (``stats.time_*``): on a GPU it waits for the
+        device around each part. Off (the default), a round reads the device once, for its accepted
+        tokens, and on a GPU the draft/verify split of the times is the host's view only (``tree="auto"``
+        still waits around the verification pass whose cost it learns).
         """
         prompt = check_generation(self.target.config, input_ids, max_new_tokens, temperature, top_k, top_p)
         prompt = prompt.to(self.device)
@@ -173,7 +179,9 @@ class SpeculativeGenerator:
         stats = GenerationStats(acceptance=self.acceptance,
                                 lossy=self.acceptance == "typical" and sampling is not None)
         auto = self._auto_controller()  # measures the cost curve on first use (before any hook is in place)
-        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        cuda = self.device.type == "cuda"
+        sync = torch.cuda.synchronize if cuda and profile else (lambda: None)  # every part of a round timed
+        sync_verify = torch.cuda.synchronize if cuda and (profile or auto is not None) else (lambda: None)
         drafter, layers = self.drafter, self.drafter.feature_layers
         context = self.context_length()
         pad_to = self.pad_to if self.pad_to is not None else 1 if is_packed(self.target) else 4
@@ -188,6 +196,7 @@ class SpeculativeGenerator:
             length = prompt.shape[0]
             seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=self.device)  # prompt + new tokens
             seq[:length] = prompt
+            host = prompt.tolist()  # the same tokens on the host, extended by each round's one read
             features = None  # [n, F] features of the positions made since the drafter last saw any
             # no prefill of its own: the first round's pass runs the prompt (but the root) before its tree,
             # drafted from the prompt's tokens alone (a drafter that reads features proposes nothing yet)
@@ -202,7 +211,8 @@ class SpeculativeGenerator:
                 drafted = auto is None or auto.should_draft(drafter.gated)
                 if drafted:
                     ctx = DraftContext(seq[:length], features, self.tree, budget - 1, sampling, generator,
-                                       gate=auto.gate if auto is not None and pending is None else None)
+                                       gate=auto.gate if auto is not None and pending is None else None,
+                                       host_tokens=host)
                     draft = drafter.propose(ctx) if pending is None else drafter.propose_first(ctx)
                     draft_seconds = time.perf_counter() - t0
                     if auto is not None:
@@ -222,11 +232,11 @@ class SpeculativeGenerator:
                     prompt_rows = capture.pop()[0] if capture else None  # [P - 1, F]
                     pending, t_prefill = None, time.perf_counter() - tp
                     stats.time_prefill += t_prefill
-                sync()
+                sync_verify()
                 t1 = time.perf_counter()
                 logits, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
                                              pad_to=pad_to, max_positions=context, pending=pending)
-                sync()
+                sync_verify()
                 t2 = time.perf_counter()
                 if processors:  # each node scored as generate would score it after its own context
                     logits = apply_processors(processors, seq[:length], draft.tree, draft.tokens, logits)
@@ -249,10 +259,11 @@ class SpeculativeGenerator:
                 if hit is not None:
                     new = new[:hit + 1]
                 seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
+                host += new
                 length += len(new)
                 stats.new_tokens += len(new)
                 if streamer is not None:
-                    streamer.put(seq[length - len(new):length][None].cpu())  # [1, accepted + 1]
+                    streamer.put(torch.tensor([new]))  # [1, accepted + 1], from the host copy
                 stats.target_forward_passes += 1
                 stats.plain_steps += draft.tree.size == 1
                 stats.accepted_per_step.append(len(new))
@@ -297,10 +308,13 @@ class SpeculativeGenerator:
                 generator) -> tuple[list[int], list[int]]:
         """(accepted node indices from the root, new tokens = accepted draft tokens + one from the target)."""
         tree = draft.tree
+        if sampling is None:  # on the device; the round's one read: the leaf, the bonus token and the draft's tokens
+            leaf, bonus = verify_greedy_tensors(*tree.greedy_tensors(logits.device), draft.tokens, logits.argmax(-1))
+            leaf, nxt, *tokens = torch.cat([torch.stack([leaf, bonus]), draft.tokens]).tolist()
+            path = node_path(tree.parents, leaf)
+            return path, [tokens[i] for i in path[1:]] + [nxt]
         tokens = draft.tokens.tolist()
-        if sampling is None:
-            path, nxt = verify_greedy(tree.children, tokens, logits.argmax(-1).tolist())
-        elif self.acceptance == "typical":
+        if self.acceptance == "typical":
             thr, alpha = self.typical
             path, nxt = verify_typical(tree.parents, tree.retrieve, draft.tokens, probs(logits, sampling),
                                        thr, alpha, generator)

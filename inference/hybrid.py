@@ -114,11 +114,12 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | Non
         return dataclasses.replace(first, sources=[ids[0]] * first.tree.size)
     parents, tokens = list(first.tree.parents), first.tokens.tolist()
     scored = all(d.scores is not None for d in drafts)  # each node's best estimate when every drafter gives one
-    scores = list(first.scores) if scored else None
+    scores = first.score_list() if scored else None
     sources = [ids[0]] * len(parents)
     child = {(parents[i], tokens[i]): i for i in range(1, len(parents))}
     for d, source in zip(drafts[1:], ids[1:]):
         own, toks, added = d.tree.parents, d.tokens.tolist(), 0
+        theirs = d.score_list() if scored else None
         where = [0] * len(own)  # node of d -> merged node (parents come before children); -1: left out
         for i in range(1, len(own)):
             key = (where[own[i]], toks[i])
@@ -134,6 +135,6 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | Non
                 if scored:
                     scores.append(0.0)
             where[i] = child[key]
-            if scored and d.scores[i] > scores[where[i]]:
-                scores[where[i]], sources[where[i]] = d.scores[i], source
+            if scored and theirs[i] > scores[where[i]]:
+                scores[where[i]], sources[where[i]] = theirs[i], source
     return Draft(Tree(parents, name="hybrid"), first.tokens.new_tensor(tokens), scores=scores, sources=sources)

@@ -14,7 +14,7 @@ import torch
 from headway.heads.target.features import num_layers
 from headway.heads.medusa import MedusaHeads
 from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
-from headway.inference.tree import Tree, load_tree
+from headway.inference.tree import Tree, load_tree, node_path
 
 DEFAULT_TREE = "tree-15"
 
@@ -58,11 +58,11 @@ class MedusaProposer(Proposer):
         logits = torch.stack([self.heads.head_logits(hidden, d) for d in range(depth)])  # [D, V]
         best = logits.float().softmax(-1).topk(k, dim=-1)  # [D, k]: each head's k most likely tokens
         top = self.heads.to_target_ids(best.indices.reshape(-1))  # [D * k] target ids
-        tokens = torch.cat([ctx.tokens[-1:], top[_flat_index(tree, k, top.device)]])  # [N]
-        probs = best.values.tolist()
-        scores = [1.0] * tree.size  # a node's heads' probabilities multiplied along its path
-        for i in range(1, tree.size):
-            scores[i] = scores[tree.parents[i]] * probs[tree.depths[i] - 1][tree.ranks[i]]
+        index = _flat_index(tree, k, top.device)  # [N - 1]
+        tokens = torch.cat([ctx.tokens[-1:], top[index]])  # [N]
+        # a node's heads' probabilities multiplied along its path, on the device (tree="auto" reads them once)
+        own = torch.cat([best.values.new_ones(1), best.values.reshape(-1)[index], best.values.new_ones(1)])  # [N + 1]
+        scores = own[_path_table(tree, top.device)].prod(-1)  # [N]
         return Draft(tree, tokens, scores=scores)
 
 
@@ -70,3 +70,12 @@ def _flat_index(tree: Tree, k: int, device) -> torch.Tensor:
     """Index of each non-root node into the flattened [D, k] top-k table: (depth - 1) * k + rank.  [N - 1]"""
     return tree.cached(("medusa_index", k, device), lambda: torch.tensor(
         [(d - 1) * k + r for d, r in zip(tree.depths[1:], tree.ranks[1:])], dtype=torch.long, device=device))
+
+
+def _path_table(tree: Tree, device) -> torch.Tensor:
+    """[N, D] the nodes on each node's root-to-node path, root first, padded with N (a factor of 1)."""
+    def build() -> torch.Tensor:
+        paths = [node_path(tree.parents, i)[1:] for i in range(tree.size)]
+        return torch.tensor([p + [tree.size] * (tree.depth - len(p)) for p in paths], dtype=torch.long, device=device)
+
+    return tree.cached(("medusa_paths", device), build)

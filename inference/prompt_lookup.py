@@ -50,12 +50,12 @@ class PromptLookup(Proposer):
         depth = min(depth, ctx.max_depth)
         if depth < 1:
             return root_only(ctx)
-        found = find_matches(ctx.tokens.cpu(), self.max_ngram_size, self.min_ngram_size, depth, matches)
+        found = find_matches(ctx.host_context(), self.max_ngram_size, self.min_ngram_size, depth, matches)
         if not found:
             return root_only(ctx)
         conts = [cont for cont, _ in found]
         parents, node_tokens = build_trie(conts, self.max_nodes)
-        tokens = torch.tensor([int(ctx.tokens[-1])] + node_tokens, dtype=torch.long, device=ctx.tokens.device)
+        tokens = torch.tensor([ctx.root_token] + node_tokens, dtype=torch.long, device=ctx.tokens.device)
         # a raw confidence for tree="auto" (which calibrates it against acceptance): the matched n-gram's
         # length over the longest searched, shared by the continuation's nodes, halved per lower rank
         weights = [n / self.max_ngram_size / (rank + 1) for rank, (_, n) in enumerate(found)]

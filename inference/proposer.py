@@ -30,6 +30,22 @@ class DraftContext:
     # tree="auto" with a hybrid drafter: gate(retrieval draft, its seconds, len(tokens)) says whether the model drafter
     # should draft too this round (headway.inference.auto.AutoTree.gate); None: always
     gate: object | None = None
+    # the same tokens as ``tokens``, on the host (the generator keeps this mirror from the values it reads once per
+    # round): a drafter reads the root or searches the context here without a device read. Read-only. None: absent
+    host_tokens: list[int] | None = None
+
+    @property
+    def root_token(self) -> int:
+        """The last token (the root of this round's tree), from the host mirror when there is one."""
+        return self.host_tokens[-1] if self.host_tokens is not None else int(self.tokens[-1])
+
+    def host_context(self) -> torch.Tensor:
+        """``tokens`` as a host tensor [L]: the tensor itself on a CPU, else built from the host mirror."""
+        if self.tokens.device.type == "cpu":
+            return self.tokens
+        if self.host_tokens is None:
+            return self.tokens.cpu()
+        return torch.tensor(self.host_tokens, dtype=torch.long)
 
 
 @dataclasses.dataclass
@@ -39,10 +55,15 @@ class Draft:
     q: torch.Tensor | dict | None = None  # q[i] [V]: the distribution node i's children were drawn from
     # (without replacement, in sibling order); a [N, V] tensor or a dict over nodes with children.
     # None: deterministic candidates (top-k ranks, copied n-grams), verified as one-hot drafts.
-    scores: list[float] | None = None  # [N] the drafter's own estimate that node i is accepted (root 1.0):
+    scores: list[float] | torch.Tensor | None = None  # [N] the drafter's own estimate that node i is accepted (root 1.0):
     # cumulative draft probabilities, continuation frequencies; None: tree="auto" uses the acceptance seen so far.
     # Sampled drafts (q set): tree="auto" ignores them (cutting by what was drawn would bias the output)
     sources: list[int] | None = None  # [N] which drafter of a hybrid proposed node i (None: all one drafter)
+    # (scores may stay on the device, a float tensor [N], until tree="auto" reads them: ``score_list``)
+
+    def score_list(self) -> list[float] | None:
+        """``scores`` on the host: one read when the drafter left them on the device."""
+        return self.scores.tolist() if isinstance(self.scores, torch.Tensor) else self.scores
 
 
 class Proposer:

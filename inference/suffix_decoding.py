@@ -145,10 +145,12 @@ class SuffixDecoding(Proposer):
         self.cache.start()
         self.cache.append(output)
 
-    def _update(self, tokens: torch.Tensor) -> None:
+    def _update(self, ctx: DraftContext) -> None:
+        tokens = ctx.tokens
         if self._prompt_len is None:
             self._prompt_len = tokens.shape[0]
-        new = tokens[len(self._seen):].tolist()
+        # the tokens made since the last round, from the generator's host mirror where it gives one (no device read)
+        new = ctx.host_tokens[len(self._seen):] if ctx.host_tokens is not None else tokens[len(self._seen):].tolist()
         self._seen += new
         self.trie.append(new)
 
@@ -167,7 +169,7 @@ class SuffixDecoding(Proposer):
         return None
 
     def propose(self, ctx: DraftContext) -> Draft:
-        self._update(ctx.tokens)
+        self._update(ctx)
         depth = min(self.max_depth, ctx.max_depth)
         if ctx.tree is not None:
             depth = min(depth, ctx.tree.depth)
@@ -178,5 +180,5 @@ class SuffixDecoding(Proposer):
         if not found:
             return root_only(ctx)
         parents, tokens, _, _, scores = max(found, key=lambda f: f[2])
-        out = torch.tensor([int(ctx.tokens[-1])] + tokens, dtype=torch.long, device=ctx.tokens.device)
+        out = torch.tensor([ctx.root_token] + tokens, dtype=torch.long, device=ctx.tokens.device)
         return Draft(Tree(parents, name="suffix"), out, scores=scores)

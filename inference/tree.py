@@ -219,6 +219,16 @@ class Tree:
 
         return self.cached(("additive", device, dtype), build)
 
+    def greedy_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ancestor mask [N, N] bool, parents [N] long with the root's own 0, depths [N] long) on
+        ``device`` for ``verify_greedy_tensors``, memoised."""
+        def build():
+            parents = torch.tensor([0] + self.parents[1:], dtype=torch.long)
+            return (self.mask.to(device), parents.to(device),
+                    torch.tensor(self.depths, dtype=torch.long, device=device))
+
+        return self.cached(("greedy", device), build)
+
 
 def chain(depth: int) -> Tree:
     """A chain of ``depth`` draft tokens (the classic speculative-decoding draft)."""

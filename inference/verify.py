@@ -124,6 +124,25 @@ def verify_greedy(children: Sequence[Sequence[int]], tokens: Sequence[int],
         path.append(node)
 
 
+def verify_greedy_tensors(ancestors: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, tokens: torch.Tensor,
+                          argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``verify_greedy`` as tensor ops on the device, with no read: (the accepted leaf [], bonus token []).
+
+    ancestors: [N, N] bool ancestor-or-self mask; parents: [N] long (the root's own index 0 in
+    place of -1); depths: [N] long; tokens, argmax: [N] long. A node is accepted when every node
+    on its root-to-node path holds the token the target's argmax chose at that node's parent; the
+    deepest accepted node is the leaf (the first in node order on a tie, which only duplicate
+    siblings can make: there ``verify_greedy`` keeps the first matching child even when another
+    reaches deeper; both paths carry the target's own greedy tokens). The path is the leaf's
+    ancestors (``node_path`` on the host tree).
+    """
+    match = tokens == argmax[parents]  # [N] node i's token is what the target chose after its parent
+    match[0] = True  # the root is always accepted
+    ok = ~(ancestors & ~match).any(-1)  # [N] every node on the path matches
+    leaf = torch.where(ok, depths, -1).argmax()  # the deepest, the first on a tie
+    return leaf, argmax[leaf]
+
+
 # --- lossless sampling -----------------------------------------------------------------------
 
 def verify_sampling(children: Sequence[Sequence[int]], tokens: Sequence[int], p, q,

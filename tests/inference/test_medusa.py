@@ -97,9 +97,10 @@ def test_medusa_scores_multiply_head_probabilities_along_the_path(tiny_llama):
     draft = drafter.propose(ctx([5, 6, 7], hidden, tree))
     with torch.no_grad():
         p = [heads.head_logits(hidden, k).float().softmax(-1) for k in range(2)]
-    assert draft.scores[0] == 1.0 and len(draft.scores) == tree.size
+    scores = draft.score_list()  # the drafter leaves them on the device
+    assert scores[0] == 1.0 and len(scores) == tree.size
     for node in range(1, tree.size):
         parent = tree.parents[node]
         head = p[tree.depths[node] - 1]
-        assert draft.scores[node] == pytest.approx(draft.scores[parent] * float(head[draft.tokens[node]]), rel=1e-5)
-    assert all(draft.scores[tree.parents[n]] >= draft.scores[n] for n in range(1, tree.size))
+        assert scores[node] == pytest.approx(scores[parent] * float(head[draft.tokens[node]]), rel=1e-5)
+    assert all(scores[tree.parents[n]] >= scores[n] for n in range(1, tree.size))

@@ -1,0 +1,78 @@
+"""A greedy round reads the device once (issue 22): the accepted leaf, the bonus token and the draft's
+tokens, in one small tensor. Counted with the runtime probe's read counter (every ``.item()``,
+``.tolist()``, ``int()``, ``float()``, ``bool()``, ``__index__``, ``.nonzero()``, ``.cpu()`` outside
+the target's and the drafter's module forwards), on a tiny target, output checked against plain
+greedy ``generate``."""
+
+import random
+
+import pytest
+import torch
+
+from headway.bench.runtime_probe import Meter, counted_reads, metered
+from headway.heads import EagleHead, MedusaHeads
+from headway.heads.medusa import MedusaConfig
+from headway.inference import PromptLookup, SpeculativeGenerator
+from headway.inference.tree import Tree, node_path
+from headway.inference.verify import verify_greedy, verify_greedy_tensors
+
+
+def drafter_of(kind, target):
+    torch.manual_seed(0)
+    if kind == "eagle3":
+        return EagleHead.from_target(target, version=3).eval()
+    if kind == "medusa":
+        return MedusaHeads.from_target(target, MedusaConfig(num_heads=3)).eval()
+    return PromptLookup()
+
+
+@pytest.mark.parametrize("kind,tree", [("eagle3", "chain-3"), ("eagle3", "tree-7"), ("medusa", "tree-7"),
+                                       ("medusa", None), ("lookup", None)])
+def test_a_greedy_round_reads_the_device_once(tiny_llama, kind, tree):
+    target = tiny_llama[0]
+    drafter = drafter_of(kind, target)
+    gen = SpeculativeGenerator(target, drafter, tree=tree)
+    prompt = torch.tensor([5, 9, 14, 5, 9, 14, 22, 5, 9])  # a repeat, so prompt lookup drafts
+    modules = [target] + ([drafter] if isinstance(drafter, torch.nn.Module) else [])
+    counts = {}
+    for budget in (8, 24):
+        meter = Meter()
+        with metered(meter, modules), counted_reads(meter):
+            out = gen.generate(prompt, max_new_tokens=budget)
+        ref = target.generate(prompt[None], attention_mask=torch.ones(1, prompt.shape[0], dtype=torch.long),
+                              do_sample=False, max_new_tokens=budget, eos_token_id=None, pad_token_id=0)
+        assert out.sequences.tolist() == ref.tolist()
+        assert out.stats.plain_steps < out.stats.target_forward_passes  # it drafted
+        counts[budget] = meter.reads, out.stats.target_forward_passes
+    # the setup (input checks, generation-config handling, the prompt's host copy) reads a fixed number of times;
+    # each further round reads once
+    (reads8, passes8), (reads24, passes24) = counts[8], counts[24]
+    assert passes24 > passes8 and reads24 - reads8 <= passes24 - passes8, counts
+
+
+def random_tree(rng: random.Random, n: int) -> Tree:
+    return Tree([-1] + [rng.randrange(i) for i in range(1, n)])
+
+
+def test_device_greedy_verification_matches_the_host_walk():
+    """Distinct sibling tokens: the same path and bonus token as ``verify_greedy``; duplicate siblings: a path
+    at least as long, every token on it the target's argmax after its parent."""
+    rng = random.Random(0)
+    for trial in range(300):
+        tree = random_tree(rng, rng.randrange(1, 14))
+        vocab = 5 if trial % 2 else 50  # a small vocabulary makes duplicate siblings and long matches common
+        tokens = [rng.randrange(vocab) for _ in range(tree.size)]
+        argmax = [rng.randrange(vocab) for _ in range(tree.size)]
+        for node in range(1, tree.size):  # make about half the children match their parent's argmax
+            if rng.random() < 0.5:
+                tokens[node] = argmax[tree.parents[node]]
+        leaf, bonus = verify_greedy_tensors(*tree.greedy_tensors(torch.device("cpu")), torch.tensor(tokens),
+                                            torch.tensor(argmax))
+        path = node_path(tree.parents, int(leaf))
+        want, want_bonus = verify_greedy(tree.children, tokens, argmax)
+        distinct = all(len({tokens[c] for c in kids}) == len(kids) for kids in tree.children)
+        if distinct:
+            assert (path, int(bonus)) == (want, want_bonus)
+        else:
+            assert len(path) >= len(want) and int(bonus) == argmax[path[-1]]
+        assert all(tokens[b] == argmax[a] for a, b in zip(path, path[1:]))

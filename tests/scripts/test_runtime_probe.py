@@ -1,0 +1,33 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_runtime_probe_runs_as_typed(tmp_path):
+    """`python scripts/runtime_probe.py ...` on a 2-layer target: a row per method, outputs identical to plain
+    greedy, the runtime's own time and the reads per round measured, one read per greedy round where promised."""
+    out = tmp_path / "probe.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "runtime_probe.py"), "--layers", "2", "--hidden", "64",
+           "--vocab", "512", "--prompts", "1", "--prompt-len", "16", "--max-new-tokens", "12", "--json", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    results = json.loads(out.read_text())
+    rows = {r["method"]: r for r in results["methods"]}
+    assert set(rows) == {"eagle3-chain", "eagle3-tree", "eagle3-dynamic", "medusa", "lookup"}
+    assert results["plain_step_ms"] > 0
+    for name, r in rows.items():
+        assert r["identical"], name
+        assert r["own_ms_per_round"] > 0 and 0 < r["own_share"] < 1 and r["rounds"] > 0
+        if name != "eagle3-dynamic":  # static trees, Medusa and lookup: one read per round
+            assert r["reads_per_round"] == 1.0, (name, r["reads_per_round"])
+    assert rows["eagle3-dynamic"]["reads_per_round"] > rows["eagle3-tree"]["reads_per_round"]
+    assert "own ms/round" in res.stdout and "medusa" in res.stdout
+
+
+def test_runtime_probe_refuses_an_unknown_method():
+    cmd = [sys.executable, str(ROOT / "scripts" / "runtime_probe.py"), "--methods", "medusa,beam"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 2 and "unknown method(s) ['beam']" in res.stderr
