@@ -163,7 +163,7 @@ class DraftModelProposer(Proposer):
             dtype = self.model.dtype
             mask = feed_mask(exp, nodes, length, dtype, device)  # [1, 1, R, length + F + R]
             ids = exp.token_ids(nodes, device)[None]
-            positions = torch.tensor([length - 1 + exp.depths[n] for n in nodes], device=device)[None]
+            positions = exp.node_depths(nodes, device)[None] + (length - 1)
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self._cache,
                              use_cache=True)
             return self.fit_vocab(out.logits[0])  # [R, V]

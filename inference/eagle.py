@@ -20,7 +20,8 @@ import torch
 from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
-from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
+from headway.inference.expand import (DynamicTree, Expansion, expand_dynamic, expand_dynamic_tensors, expand_static,
+                                      feed_mask)
 from headway.inference.tree import Tree
 
 # EAGLE-2's settings scaled to a CPU, where a verification of 8 tokens costs ~1.8-2 plain steps (~1.75 on
@@ -32,7 +33,13 @@ GPU_DYNAMIC = DynamicTree(depth=6, top_k=10, total_tokens=60)
 
 
 class EagleProposer(Proposer):
-    """Wraps an ``EagleHead``; default tree: EAGLE-2 dynamic (CPU- or GPU-sized)."""
+    """Wraps an ``EagleHead``; default tree: EAGLE-2 dynamic (CPU- or GPU-sized).
+
+    ``tensor_rounds`` (True): grow a dynamic tree with tensor ops and one read for the kept tree
+    (``expand_dynamic_tensors``); False: the host version, which reads once per level and skips
+    pruned rows (the same tree)."""
+
+    tensor_rounds = True
 
     def __init__(self, head: EagleHead):
         self.head = head.eval()
@@ -106,15 +113,28 @@ class EagleProposer(Proposer):
         def feed(exp: Expansion, nodes: list[int]) -> torch.Tensor:
             mask = feed_mask(exp, nodes, self._seen, root_h.dtype, device)  # [1, 1, R, seen + F + R]
             tok = exp.token_ids(nodes, device)[None]
-            pos = torch.tensor([length - 2 + exp.depths[n] for n in nodes], device=device)[None]
+            pos = exp.node_depths(nodes, device)[None] + (length - 2)
             hid = torch.stack([hidden[exp.parents[n]] for n in nodes])[None]  # [1, R, H]
             out = head(tok, hid, pos, attention_mask=mask, cache=self._cache)[0]  # [R, H]
             for r, n in enumerate(nodes):
                 hidden[n] = out[r]
             return few_rows_linear(*head.projection(out))  # [R, V']
 
+        last = [root_h[None]]  # the previous feed's outputs [R, H] (the root's first), for rows_feed
+
+        def rows_feed(tokens: torch.Tensor, parent_rows: torch.Tensor, depth: int, allowed: torch.Tensor):
+            r = tokens.shape[0]
+            mask = torch.zeros((1, 1, r, self._seen + allowed.shape[1]), dtype=root_h.dtype, device=device)
+            mask[0, 0, :, self._seen:].masked_fill_(~allowed, torch.finfo(root_h.dtype).min)  # [1, 1, R, seen + F + R]
+            hid = last[0][parent_rows.clamp(min=0)]  # [R, H] (-1: the root, row 0 of the first "feed")
+            pos = torch.full((1, r), length - 2 + depth, dtype=torch.long, device=device)
+            last[0] = head(tokens[None], hid[None], pos, attention_mask=mask, cache=self._cache)[0]  # [R, H]
+            return few_rows_linear(*head.projection(last[0]))  # [R, V']
+
         to_target = head.to_target_ids
-        if isinstance(tree, DynamicTree):
+        if isinstance(tree, DynamicTree) and self.tensor_rounds:
+            draft = expand_dynamic_tensors(tree, ctx.max_depth, ctx.root_token, root_logits, rows_feed, to_target)
+        elif isinstance(tree, DynamicTree):
             draft = expand_dynamic(tree, ctx.max_depth, ctx.root_token, root_logits, feed, to_target)
         else:
             tree = tree.truncate(ctx.max_depth)

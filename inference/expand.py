@@ -78,8 +78,20 @@ class Expansion:
     def token_ids(self, nodes: list[int], device) -> torch.Tensor:
         """The tokens of ``nodes`` [R] long on ``device`` (gathered there when the tokens live there)."""
         if isinstance(self.tokens, torch.Tensor):
-            return self.tokens[torch.tensor(nodes, device=self.tokens.device)]
+            return self.tokens[self.long_tensor("nodes", nodes, lambda: nodes, self.tokens.device)]
         return torch.tensor([self.tokens[n] for n in nodes], device=device)
+
+    def node_depths(self, nodes: list[int], device) -> torch.Tensor:
+        """The depths of ``nodes`` [R] long on ``device``."""
+        return self.long_tensor("depths", nodes, lambda: [self.depths[n] for n in nodes], device)
+
+    def long_tensor(self, key: str, nodes: list[int], values: Callable[[], list[int]], device) -> torch.Tensor:
+        """``values()`` (one int per node of ``nodes``) as a long tensor on ``device``: built once per level of
+        a static tree (no host-to-device copy in later rounds), else each call."""
+        def build() -> torch.Tensor:
+            return torch.tensor(values(), dtype=torch.long, device=device)
+
+        return build() if self.tree is None else self.tree.cached((key, tuple(nodes), str(device)), build)
 
     def add(self, parent: int, token: int) -> int:
         self.parents.append(parent)
@@ -231,3 +243,67 @@ def expand_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_
     parents = [-1] + [index[exp.parents[n]] for n in order[1:]]
     tokens = torch.tensor([exp.tokens[n] for n in order], dtype=torch.long, device=root_logits.device)
     return Draft(Tree(parents, name=settings.name), tokens, None, scores=[math.exp(score[n]) for n in order])
+
+
+# feed_rows(tokens [R] long, parent_rows [R] long: each row's parent among the previous feed's rows, -1 the root,
+# depth: every row's depth, allowed [R, F + R] bool: the fed nodes (feed order) and these rows each row sees) -> [R, V']
+FeedRows = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor]
+
+
+def expand_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int, root_logits: torch.Tensor,
+                           feed: FeedRows, to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> Draft:
+    """``expand_dynamic`` as tensor ops with fixed shapes: no read until the kept tree, which is one.
+
+    Every level feeds ``top_k`` rows (the level's best, ids ascending as the host version feeds
+    them). Dropping a row takes a read, so there is no pruning: a row ``settings.prune`` would skip
+    scores below the ``total_tokens``-th best candidate already, and so does every descendant
+    (a child never scores above its parent), so it is fed and none of its outputs is kept. The kept
+    tree is ``expand_dynamic``'s with or without pruning (up to exact ties in score). ``feed`` sees
+    each row's parent as a row of the previous feed (``parent_rows``, -1 for the root) and the mask
+    rows over the fed nodes as a bool [R, F + R]."""
+    k, depth, total = settings.top_k, min(settings.depth, max_depth), settings.total_tokens
+    device = root_logits.device
+    tokens = torch.full((1,), root_token, dtype=torch.long, device=device)  # [M] every node's token, root first
+    parents = torch.full((1,), -1, dtype=torch.long, device=device)  # [M]
+    depths = torch.zeros(1, dtype=torch.long, device=device)  # [M]
+    score = torch.zeros(1, dtype=torch.float32, device=device)  # [M] cumulative log-probability
+    frontier = torch.zeros(1, dtype=torch.long, device=device)  # [R] the nodes whose logits these are
+    allowed = torch.zeros((1, 0), dtype=torch.bool, device=device)  # [R, F] the rows' fed ancestors-or-self
+    logits = root_logits[None]
+    for level in range(depth):
+        logp = logits.float().log_softmax(-1)  # [R, V']
+        top = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [R, k']
+        width = top.indices.shape[1]
+        cum = top.values + score[frontier][:, None]  # [R, k']
+        base = tokens.shape[0]
+        tokens = torch.cat([tokens, to_target(top.indices).flatten()])
+        parents = torch.cat([parents, frontier.repeat_interleave(width)])
+        depths = torch.cat([depths, depths.new_full((cum.numel(),), level + 1)])
+        score = torch.cat([score, cum.flatten()])
+        if level + 1 == depth:
+            break
+        best = torch.argsort(cum.flatten(), descending=True, stable=True)[:k]  # the best k of this level, ids ascending on ties
+        best = best.sort().values  # fed in id order
+        rows = best // width  # [R'] each new row's parent among this level's rows (the previous feed's)
+        allowed = torch.cat([allowed[rows], torch.eye(best.shape[0], dtype=torch.bool, device=device)], 1)  # [R', F']
+        frontier = base + best
+        logits = feed(tokens[frontier], rows if level else torch.full_like(rows, -1), level + 1, allowed)
+    # the total best by (-score, depth, id): stable sorts, last key first; their order is the host's to make
+    ids = torch.arange(1, score.shape[0], device=device)
+    ids = ids[torch.argsort(depths[ids], stable=True)]
+    keep = ids[torch.argsort(score[ids], descending=True, stable=True)][:total]
+    vals = torch.stack([keep.double(), parents[keep].double(), tokens[keep].double(), score[keep].double(),
+                        depths[keep].double()]).tolist()  # the one read (ids and tokens exact in float64)
+    return _host_dynamic_draft(settings, root_token, *vals, device)
+
+
+def _host_dynamic_draft(settings: DynamicTree, root_token: int, ids, parents, tokens, scores, depths,
+                        device) -> Draft:
+    """The kept nodes read back (node ids and their parents, tokens, scores, depths) as a Draft, ordered
+    parents first by (depth, -score, id) and renumbered."""
+    order = sorted(range(len(ids)), key=lambda i: (depths[i], -scores[i], ids[i]))
+    index = {int(ids[i]): new + 1 for new, i in enumerate(order)}
+    index[0] = 0
+    tree_parents = [-1] + [index[int(parents[i])] for i in order]
+    toks = torch.tensor([root_token] + [int(tokens[i]) for i in order], dtype=torch.long, device=device)
+    return Draft(Tree(tree_parents, name=settings.name), toks, None, scores=[1.0] + [math.exp(scores[i]) for i in order])

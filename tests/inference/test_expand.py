@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headway.inference import DynamicTree
-from headway.inference.expand import Expansion, expand_dynamic, expand_static, feed_mask
+from headway.inference.expand import Expansion, expand_dynamic, expand_dynamic_tensors, expand_static, feed_mask
 from headway.inference.tree import Tree
 from headway.inference.verify import SamplingParams
 
@@ -138,3 +138,53 @@ def test_dynamic_tree_settings():
         DynamicTree.from_spec({"width": 3})
     with pytest.raises(ValueError, match="bad dynamic tree settings"):
         DynamicTree.from_spec({"depth": "deep"})
+
+
+@pytest.mark.parametrize("depth,top_k,total", [(3, 4, 7), (5, 3, 7), (6, 4, 15), (4, 2, 30), (2, 5, 3)])
+@pytest.mark.parametrize("prune", [True, False])
+def test_dynamic_tree_as_tensor_ops_keeps_the_host_versions_tree(depth, top_k, total, prune):
+    """Fixed shapes, one read: the same kept tree, tokens and scores as ``expand_dynamic``; each fed row sees
+    exactly its fed ancestors and itself."""
+    vocab = 40
+
+    def logits_of(path, seed):  # a drafter whose logits depend on the whole path
+        return torch.randn(vocab, generator=torch.Generator().manual_seed(hash((seed, *path)) % 2**31)) * 2
+
+    settings = DynamicTree(depth=depth, top_k=top_k, total_tokens=total, prune=prune)
+    for seed in range(20):
+        def host_feed(exp, nodes):
+            rows = []
+            for n in nodes:
+                path, m = [], n
+                while m >= 0:
+                    path.append(exp.tokens[m])
+                    m = exp.parents[m]
+                rows.append(logits_of(path, seed))
+            return torch.stack(rows)
+
+        fed = []  # per feed: each row's path (tokens from the node up to the root)
+
+        def rows_feed(tokens, parent_rows, level_depth, allowed):
+            prev = fed[-1] if fed else None
+            paths = [[t] + (prev[r] if r >= 0 else [7]) for t, r in zip(tokens.tolist(), parent_rows.tolist())]
+            width = sum(len(p) for p in fed)  # nodes fed before these rows
+            assert allowed.shape == (len(paths), width + len(paths))
+            assert allowed[:, width:].equal(torch.eye(len(paths), dtype=torch.bool))
+            assert (allowed.sum(1) == level_depth).all()  # its ancestors below the root, and itself
+            for r, p in enumerate(parent_rows.tolist()):  # the parent's row: its fed ancestors and itself
+                if p >= 0:
+                    assert allowed[r, :width].equal(fed_allowed[-1][p])
+            fed.append(paths)
+            fed_allowed.append(allowed)
+            return torch.stack([logits_of(p, seed) for p in paths])
+
+        fed_allowed = []
+        root = logits_of([7], seed)
+        a = expand_dynamic(settings, 10, 7, root, host_feed)
+        b = expand_dynamic_tensors(settings, 10, 7, root, rows_feed)
+        assert a.tree.parents == b.tree.parents and a.tokens.tolist() == b.tokens.tolist()
+        assert b.scores == pytest.approx(a.scores, rel=1e-6) and b.q is None and b.tree.name == a.tree.name
+    assert expand_dynamic_tensors(settings, 0, 7, root, rows_feed).tree.size == 1  # no budget: the root alone
+    fed.clear()
+    shallow = expand_dynamic_tensors(settings, 1, 7, root, rows_feed)
+    assert shallow.tree.depth == 1 and shallow.tree.size == 1 + min(top_k, total) and not fed

@@ -21,9 +21,8 @@ def test_runtime_probe_runs_as_typed(tmp_path):
     for name, r in rows.items():
         assert r["identical"], name
         assert r["own_ms_per_round"] > 0 and 0 < r["own_share"] < 1 and r["rounds"] > 0
-        if name != "eagle3-dynamic":  # static trees, Medusa and lookup: one read per round
-            assert r["reads_per_round"] == 1.0, (name, r["reads_per_round"])
-    assert rows["eagle3-dynamic"]["reads_per_round"] > rows["eagle3-tree"]["reads_per_round"]
+        # static trees, Medusa and lookup: one read per round; a dynamic tree one more, for its shape
+        assert r["reads_per_round"] == (2.0 if name == "eagle3-dynamic" else 1.0), (name, r["reads_per_round"])
     assert "own ms/round" in res.stdout and "medusa" in res.stdout
 
 
