@@ -36,10 +36,12 @@ import torch
 from headway.heads import EagleHead, MedusaHeads
 from headway.inference import PromptLookup, SpeculativeGenerator
 
+DYNAMIC = {"depth": 3, "top_k": 4, "total_tokens": 7}
 METHODS = {  # name -> (drafter kind, tree)
     "eagle3-chain": ("eagle3", "chain-3"),
     "eagle3-tree": ("eagle3", "tree-7"),
-    "eagle3-dynamic": ("eagle3", {"depth": 3, "top_k": 4, "total_tokens": 7}),
+    "eagle3-dynamic": ("eagle3", DYNAMIC),  # the device's default: tensor ops on CUDA, the host version elsewhere
+    "eagle3-dynamic-tensor": ("eagle3", DYNAMIC),  # tensor ops forced (EagleProposer.tensor_rounds)
     "medusa": ("medusa", "tree-15"),
     "lookup": ("lookup", None),
 }
@@ -170,6 +172,8 @@ def drafter_functions(drafter) -> list:
 
 def probe(target, name: str, drafter, tree, prompts, max_new_tokens: int) -> dict:
     gen = SpeculativeGenerator(target, drafter, tree=tree)
+    if name.endswith("-tensor"):
+        gen.drafter.tensor_rounds = True
     modules = [target] + ([drafter] if isinstance(drafter, torch.nn.Module) else [])
     gen.generate(prompts[0], max_new_tokens=8)  # warm-up
     wall, inside, passes, tokens, outputs = 0.0, 0.0, 0, 0, []

@@ -35,11 +35,13 @@ GPU_DYNAMIC = DynamicTree(depth=6, top_k=10, total_tokens=60)
 class EagleProposer(Proposer):
     """Wraps an ``EagleHead``; default tree: EAGLE-2 dynamic (CPU- or GPU-sized).
 
-    ``tensor_rounds`` (True): grow a dynamic tree with tensor ops and one read for the kept tree
-    (``expand_dynamic_tensors``); False: the host version, which reads once per level and skips
-    pruned rows (the same tree)."""
+    ``tensor_rounds``: True grows a dynamic tree with tensor ops and one read for the kept tree
+    (``expand_dynamic_tensors``); False takes the host version, which reads once per level and
+    skips pruned rows (the same tree); None (the default) is True on CUDA, where a read is a sync,
+    and False elsewhere: on a CPU a read costs nothing and the host version's own work measured
+    less (scripts/runtime_probe.py, BENCHMARKS.md)."""
 
-    tensor_rounds = True
+    tensor_rounds: bool | None = None
 
     def __init__(self, head: EagleHead):
         self.head = head.eval()
@@ -132,7 +134,8 @@ class EagleProposer(Proposer):
             return few_rows_linear(*head.projection(last[0]))  # [R, V']
 
         to_target = head.to_target_ids
-        if isinstance(tree, DynamicTree) and self.tensor_rounds:
+        tensor_rounds = self.tensor_rounds if self.tensor_rounds is not None else device.type == "cuda"
+        if isinstance(tree, DynamicTree) and tensor_rounds:
             draft = expand_dynamic_tensors(tree, ctx.max_depth, ctx.root_token, root_logits, rows_feed, to_target)
         elif isinstance(tree, DynamicTree):
             draft = expand_dynamic(tree, ctx.max_depth, ctx.root_token, root_logits, feed, to_target)
