@@ -30,6 +30,15 @@ def test_dynamic_tree_shape_and_scores():
     assert expand_dynamic(settings, 0, 7, torch.randn(20), feed).tree.size == 1
 
 
+def path_tokens(exp, node: int) -> list[int]:
+    """The tokens from ``node`` up to the root of a host expansion."""
+    path = []
+    while node >= 0:
+        path.append(exp.tokens[node])
+        node = exp.parents[node]
+    return path
+
+
 @pytest.mark.parametrize("depth,top_k,total", [(5, 3, 7), (6, 4, 15), (3, 4, 7), (4, 2, 30)])
 def test_dynamic_tree_pruning_keeps_eagle2_tree_and_feeds_fewer_rows(depth, top_k, total):
     """Skipping frontier nodes that already rank below total_tokens candidates changes nothing kept."""
@@ -40,11 +49,7 @@ def test_dynamic_tree_pruning_keeps_eagle2_tree_and_feeds_fewer_rows(depth, top_
             fed[prune] += len(nodes)
             rows = []
             for n in nodes:
-                path, m = [], n
-                while m >= 0:
-                    path.append(exp.tokens[m])
-                    m = exp.parents[m]
-                gen = torch.Generator().manual_seed(hash((seed, *path)) % 2**31)
+                gen = torch.Generator().manual_seed(hash((seed, *path_tokens(exp, n))) % 2**31)
                 rows.append(torch.randn(50, generator=gen) * 2)
             return torch.stack(rows)
         return feed
@@ -153,14 +158,7 @@ def test_dynamic_tree_as_tensor_ops_keeps_the_host_versions_tree(depth, top_k, t
     settings = DynamicTree(depth=depth, top_k=top_k, total_tokens=total, prune=prune)
     for seed in range(20):
         def host_feed(exp, nodes):
-            rows = []
-            for n in nodes:
-                path, m = [], n
-                while m >= 0:
-                    path.append(exp.tokens[m])
-                    m = exp.parents[m]
-                rows.append(logits_of(path, seed))
-            return torch.stack(rows)
+            return torch.stack([logits_of(path_tokens(exp, n), seed) for n in nodes])
 
         fed = []  # per feed: each row's path (tokens from the node up to the root)
 
