@@ -20,8 +20,8 @@ import torch
 from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
-from headway.inference.expand import (DynamicTree, Expansion, expand_dynamic, expand_dynamic_tensors, expand_static,
-                                      feed_mask)
+from headway.inference.expand import (DynamicTree, Expansion, additive_mask, expand_dynamic, expand_dynamic_tensors,
+                                      expand_static, feed_mask)
 from headway.inference.tree import Tree
 
 # EAGLE-2's settings scaled to a CPU, where a verification of 8 tokens costs ~1.8-2 plain steps (~1.75 on
@@ -126,8 +126,7 @@ class EagleProposer(Proposer):
 
         def rows_feed(tokens: torch.Tensor, parent_rows: torch.Tensor, depth: int, allowed: torch.Tensor):
             r = tokens.shape[0]
-            mask = torch.zeros((1, 1, r, self._seen + allowed.shape[1]), dtype=root_h.dtype, device=device)
-            mask[0, 0, :, self._seen:].masked_fill_(~allowed, torch.finfo(root_h.dtype).min)  # [1, 1, R, seen + F + R]
+            mask = additive_mask(~allowed, self._seen, root_h.dtype)  # [1, 1, R, seen + F + R]
             hid = last[0][parent_rows.clamp(min=0)]  # [R, H] (-1: the root, row 0 of the first "feed")
             pos = torch.full((1, r), length - 2 + depth, dtype=torch.long, device=device)
             last[0] = head(tokens[None], hid[None], pos, attention_mask=mask, cache=self._cache)[0]  # [R, H]

@@ -121,8 +121,15 @@ def feed_mask(exp: Expansion, nodes: list[int], prefix: int, dtype: torch.dtype,
 
     block = blocked() if exp.tree is None else \
         exp.tree.cached(("feed", len(exp.fed), tuple(nodes), str(device)), blocked)
-    mask = torch.zeros((1, 1, len(nodes), prefix + block.shape[1]), dtype=dtype, device=device)
-    mask[0, 0, :, prefix:].masked_fill_(block, torch.finfo(dtype).min)
+    return additive_mask(block, prefix, dtype)
+
+
+def additive_mask(blocked: torch.Tensor, prefix: int, dtype: torch.dtype) -> torch.Tensor:
+    """[R, F + R] bool (True: hidden) -> additive mask [1, 1, R, prefix + F + R] of 0 / finfo.min, the
+    ``prefix`` cached context entries visible to every row."""
+    r, cols = blocked.shape
+    mask = torch.zeros((1, 1, r, prefix + cols), dtype=dtype, device=blocked.device)
+    mask[0, 0, :, prefix:].masked_fill_(blocked, torch.finfo(dtype).min)
     return mask
 
 
@@ -235,14 +242,19 @@ def expand_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_
         frontier.sort()
         logits = _run_feed(feed, exp, frontier)
     keep = sorted(range(1, len(exp.parents)), key=lambda n: (-score[n], exp.depths[n], n))[:total]
-    keep_set = set(keep)
-    # parents first: order by (depth, score) and renumber
-    order = [0] + sorted(keep, key=lambda n: (exp.depths[n], -score[n], n))
-    assert all(exp.parents[n] in keep_set or exp.parents[n] == 0 for n in keep), "dynamic tree lost an ancestor"
+    return kept_draft(settings, keep, exp.parents, exp.tokens, score, exp.depths, root_logits.device)
+
+
+def kept_draft(settings: DynamicTree, keep: list[int], parents, tokens, score, depths, device) -> Draft:
+    """The Draft of the kept nodes ``keep`` (node ids, the root 0 not among them; closed under
+    ancestors), ordered parents first by (depth, -score, id) and renumbered. ``parents``,
+    ``tokens``, ``score`` (cumulative log-probability) and ``depths`` are indexable by node id."""
+    order = [0] + sorted(keep, key=lambda n: (depths[n], -score[n], n))
     index = {old: new for new, old in enumerate(order)}
-    parents = [-1] + [index[exp.parents[n]] for n in order[1:]]
-    tokens = torch.tensor([exp.tokens[n] for n in order], dtype=torch.long, device=root_logits.device)
-    return Draft(Tree(parents, name=settings.name), tokens, None, scores=[math.exp(score[n]) for n in order])
+    assert all(parents[n] in index for n in keep), "dynamic tree lost an ancestor"
+    tree_parents = [-1] + [index[parents[n]] for n in order[1:]]
+    ids = torch.tensor([tokens[n] for n in order], dtype=torch.long, device=device)
+    return Draft(Tree(tree_parents, name=settings.name), ids, None, scores=[math.exp(score[n]) for n in order])
 
 
 # feed_rows(tokens [R] long, parent_rows [R] long: each row's parent among the previous feed's rows, -1 the root,
@@ -292,18 +304,11 @@ def expand_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: in
     ids = torch.arange(1, score.shape[0], device=device)
     ids = ids[torch.argsort(depths[ids], stable=True)]
     keep = ids[torch.argsort(score[ids], descending=True, stable=True)][:total]
-    vals = torch.stack([keep.double(), parents[keep].double(), tokens[keep].double(), score[keep].double(),
-                        depths[keep].double()]).tolist()  # the one read (ids and tokens exact in float64)
-    return _host_dynamic_draft(settings, root_token, *vals, device)
-
-
-def _host_dynamic_draft(settings: DynamicTree, root_token: int, ids, parents, tokens, scores, depths,
-                        device) -> Draft:
-    """The kept nodes read back (node ids and their parents, tokens, scores, depths) as a Draft, ordered
-    parents first by (depth, -score, id) and renumbered."""
-    order = sorted(range(len(ids)), key=lambda i: (depths[i], -scores[i], ids[i]))
-    index = {int(ids[i]): new + 1 for new, i in enumerate(order)}
-    index[0] = 0
-    tree_parents = [-1] + [index[int(parents[i])] for i in order]
-    toks = torch.tensor([root_token] + [int(tokens[i]) for i in order], dtype=torch.long, device=device)
-    return Draft(Tree(tree_parents, name=settings.name), toks, None, scores=[1.0] + [math.exp(scores[i]) for i in order])
+    ids, par, tok, sc, dep = torch.stack([keep.double(), parents[keep].double(), tokens[keep].double(),
+                                          score[keep].double(), depths[keep].double()]).tolist()  # the one read
+    ids = [int(n) for n in ids]  # node ids and tokens are exact in float64
+    parents_of = {0: -1, **{n: int(v) for n, v in zip(ids, par)}}
+    tokens_of = {0: root_token, **{n: int(v) for n, v in zip(ids, tok)}}
+    score_of = {0: 0.0, **dict(zip(ids, sc))}
+    depth_of = {0: 0, **{n: int(v) for n, v in zip(ids, dep)}}
+    return kept_draft(settings, ids, parents_of, tokens_of, score_of, depth_of, device)
