@@ -103,6 +103,13 @@ class AutoTree:
         self._gate: GateRound | None = None  # this round's, when the drafter is a hybrid
         self._draft_steps = 0.0  # this round's drafting time / t(1)
 
+    def fork(self, cost, pad_to: int) -> "AutoTree":
+        """A controller for one row of a batch: this one's calibration (shared: every row's rounds teach it),
+        ``cost`` (the batch's view of the cost curve: headway.inference.batch.BatchCost), its own backoffs."""
+        clone = AutoTree(self.cost.curve, pad_to)
+        clone.cost, clone.cells = cost, self.cells
+        return clone
+
     def reset(self) -> None:
         """A new generate call: try the drafter at once (keeping how long it waits if it still loses)."""
         for backoff in (self.drafter_backoff, *self.model_backoff):

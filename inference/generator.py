@@ -31,7 +31,8 @@ from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree, node_path
 from headway.inference.target_forward import check_attention, prefill, tree_forward
-from headway.inference.inputs import check_generation, context_length
+from headway.inference.batch import cut_round
+from headway.inference.inputs import check_generation, check_prompt, check_settings, context_length
 from headway.inference.verify import (LazyProbs, SamplingParams, probs, verify_greedy_tensors, verify_sampling,
                                       verify_typical)
 
@@ -54,6 +55,7 @@ class GenerationStats:
     time_verify: float = 0.0  # the target's verification forwards
     time_bookkeeping: float = 0.0  # acceptance, cache compaction, sequence updates
     time_control: float = 0.0  # tree="auto": choosing the tree and learning from the round (in draft and bookkeeping)
+    batch_passes: int = 0  # batch > 1: the batched target passes (target_forward_passes then counts each row's)
     acceptance: str = "exact"
     lossy: bool = False  # True only for acceptance="typical" with temperature > 0: output is NOT the target's
 
@@ -85,8 +87,9 @@ class GenerationStats:
 
 @dataclasses.dataclass
 class SpeculativeOutput:
-    sequences: torch.Tensor  # [1, prompt + new] long, like transformers' generate
-    stats: GenerationStats
+    sequences: torch.Tensor  # [B, prompt + new] long, like transformers' generate (B = 1 unless a batch was given)
+    stats: GenerationStats  # a batch: the rows' counts summed (tau per row-pass), the batch's wall times
+    rows: list[GenerationStats] | None = None  # a batch: each row's own counts
 
 
 class SpeculativeGenerator:
@@ -140,9 +143,10 @@ class SpeculativeGenerator:
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, generator: torch.Generator | None = None, *, streamer=None,
-                 generation_config=None, logits_processor=None, profile: bool = False,
+                 generation_config=None, logits_processor=None, profile: bool = False, attention_mask=None,
                  **generation_kwargs) -> SpeculativeOutput:
-        """Generate up to ``max_new_tokens`` tokens after ``input_ids`` ([1, T] or [T]).
+        """Generate up to ``max_new_tokens`` tokens after ``input_ids`` ([1, T] or [T]; a batch [B, T],
+        left-padded, with its ``attention_mask`` [B, T], as ``generate`` takes it: headway.inference.batch).
 
         ``temperature=0`` is greedy and equals ``target_model.generate(do_sample=False)`` token for
         token; ``temperature>0`` samples exactly from the target's distribution after the same
@@ -164,7 +168,14 @@ class SpeculativeGenerator:
         tokens, and on a GPU the draft/verify split of the times is the host's view only (``tree="auto"``
         still waits around the verification pass whose cost it learns).
         """
-        prompt = check_generation(self.target.config, input_ids, max_new_tokens, temperature, top_k, top_p)
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 2 and (ids.shape[0] > 1 or attention_mask is not None):
+            batch = self._generate_batch(ids, attention_mask, max_new_tokens, temperature, top_k, top_p, generator,
+                                         streamer, generation_config, logits_processor, profile, generation_kwargs)
+            if batch is not None:
+                return batch
+            ids = ids[:, torch.as_tensor(attention_mask).to(ids.device)[0].bool()]  # one row: its padding dropped
+        prompt = check_generation(self.target.config, ids, max_new_tokens, temperature, top_k, top_p)
         prompt = prompt.to(self.device)
         max_new_tokens = self._fit_context(prompt.shape[0], max_new_tokens)
         sampling = SamplingParams(temperature, top_k, top_p) if temperature > 0 else None
@@ -184,7 +195,7 @@ class SpeculativeGenerator:
         sync_verify = torch.cuda.synchronize if cuda and (profile or auto is not None) else (lambda: None)
         drafter, layers = self.drafter, self.drafter.feature_layers
         context = self.context_length()
-        pad_to = self.pad_to if self.pad_to is not None else 1 if is_packed(self.target) else 4
+        pad_to = self.resolved_pad_to()
         if auto is not None:
             auto.pad_to = pad_to
         with contextlib.ExitStack() as stack:
@@ -254,10 +265,7 @@ class SpeculativeGenerator:
                     # the prompt's pass teaches the cost curve nothing about a round's
                     auto.observe(draft, path, length, drafted, t2 - t1 if pending is None else 0.0, width)
                     stats.time_control += time.perf_counter() - tc
-                new = new[:budget]
-                hit = next((i for i, t in enumerate(new) if t in eos), None)
-                if hit is not None:
-                    new = new[:hit + 1]
+                new, hit = cut_round(new, budget, eos)
                 seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
                 host += new
                 length += len(new)
@@ -278,11 +286,46 @@ class SpeculativeGenerator:
                     stats.time_prefill += t2 - t1
                     stats.prefill_passes, pending = 1, None
                 stats.time_bookkeeping += t3 - t2
-                if hit is not None:
+                if hit:
                     break
         if streamer is not None:
             streamer.end()
         return SpeculativeOutput(seq[:length][None].clone(), stats)
+
+    def _generate_batch(self, ids, attention_mask, max_new_tokens, temperature, top_k, top_p, generator, streamer,
+                        generation_config, logits_processor, profile, generation_kwargs) -> SpeculativeOutput | None:
+        """A batch [B, T] (headway.inference.batch); None when it is one row (the caller drops its padding)."""
+        from headway.inference.batch import check_batch, generate_batch
+
+        check_settings(max_new_tokens, temperature, top_k, top_p)
+        pad = getattr(self.target.generation_config, "pad_token_id", None)
+        ids, mask = check_batch(ids, attention_mask, pad if isinstance(pad, int) else None)
+        if ids.shape[0] == 1:
+            return None
+        if streamer is not None:
+            raise ValueError(f"a streamer takes one sequence, as in transformers; got a batch of {ids.shape[0]}: "
+                             "generate the rows one by one to stream them")
+        prompts = [check_prompt(ids[r][mask[r].bool()], self.target.config) for r in range(ids.shape[0])]
+        context = self.context_length()
+        longest = max(p.shape[0] for p in prompts)
+        if context is not None and longest + max_new_tokens > context:
+            raise ValueError(f"the longest row ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                             f"context ({context}); pass max_new_tokens <= {context - longest}")
+        sampling = SamplingParams(temperature, top_k, top_p) if temperature > 0 else None
+        setups = [prepare_generation(self.target, p.to(self.device), max_new_tokens, sampling is not None,
+                                     generation_config, logits_processor, **generation_kwargs) for p in prompts]
+        if generator is not None and generator.device.type != self.device.type:
+            raise ValueError(f"generator is on {generator.device} but the target is on {self.device}: "
+                             f"pass torch.Generator(device={str(self.device)!r})")
+        if generator is None and sampling is not None:
+            generator = torch.Generator(self.device).manual_seed(int(torch.randint(2**62, ())))
+        sequences, stats, rows = generate_batch(self, ids.to(self.device), mask.to(self.device), max_new_tokens,
+                                                sampling, generator, setups, GenerationStats, profile)
+        return SpeculativeOutput(sequences, stats, rows)
+
+    def resolved_pad_to(self) -> int:
+        """``pad_to`` as given, else 4 (a CPU's 2-3 row GEMMs cost more than 4 rows), or 1 for packed linears."""
+        return self.pad_to if self.pad_to is not None else 1 if is_packed(self.target) else 4
 
     def prepare(self) -> "SpeculativeGenerator":
         """Load (or measure, once, and cache) the cost curve ``tree="auto"`` needs, so the first
@@ -310,9 +353,7 @@ class SpeculativeGenerator:
         tree = draft.tree
         if sampling is None:  # on the device; the round's one read: the leaf, the bonus token and the draft's tokens
             leaf, bonus = verify_greedy_tensors(*tree.greedy_tensors(logits.device), draft.tokens, logits.argmax(-1))
-            leaf, nxt, *tokens = torch.cat([torch.stack([leaf, bonus]), draft.tokens]).tolist()
-            path = node_path(tree.parents, leaf)
-            return path, [tokens[i] for i in path[1:]] + [nxt]
+            return self.greedy_result(tree, *_split(torch.cat([torch.stack([leaf, bonus]), draft.tokens]).tolist()))
         tokens = draft.tokens.tolist()
         if self.acceptance == "typical":
             thr, alpha = self.typical
@@ -322,6 +363,12 @@ class SpeculativeGenerator:
             path, nxt = verify_sampling(tree.children, tokens, LazyProbs(logits, sampling), draft.q, generator)
         return path, [tokens[i] for i in path[1:]] + [nxt]
 
+    @staticmethod
+    def greedy_result(tree: Tree, leaf: int, nxt: int, tokens: list[int]) -> tuple[list[int], list[int]]:
+        """(the path to the accepted ``leaf``, the new tokens: its draft tokens and the target's ``nxt``)."""
+        path = node_path(tree.parents, leaf)
+        return path, [tokens[i] for i in path[1:]] + [nxt]
+
     def _fit_context(self, prompt_len: int, max_new_tokens: int) -> int:
         context = self.context_length()
         if context is not None and prompt_len + max_new_tokens > context:
@@ -329,3 +376,8 @@ class SpeculativeGenerator:
                           f"({context}); generating at most {context - prompt_len} tokens", stacklevel=3)
             return context - prompt_len
         return max_new_tokens
+
+
+def _split(values: list[int]) -> tuple[int, int, list[int]]:
+    """[leaf, next token, *draft tokens] -> (leaf, next token, draft tokens)."""
+    return values[0], values[1], values[2:]

@@ -21,6 +21,7 @@ out, and the target features it reads are kept for it until it drafts again.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 
@@ -71,6 +72,12 @@ class HybridProposer(Proposer):
         for d in self.drafters:
             d.reset()
         self._pending = None  # features of rounds the primary sat out (tree="auto"), oldest first
+
+    def fork(self) -> "HybridProposer":
+        clone = copy.copy(self)
+        clone.drafters = [d.fork() for d in self.drafters]
+        clone.reset()
+        return clone
 
     def propose(self, ctx: DraftContext) -> Draft:
         primary, ids = self.drafters[0], list(range(len(self.drafters)))

@@ -26,7 +26,8 @@ def check_prompt(input_ids, target_config) -> torch.Tensor:
     ids = torch.as_tensor(input_ids)
     if ids.dim() == 2:
         if ids.shape[0] != 1:
-            raise ValueError(f"generation runs batch size 1; got input_ids of shape {tuple(ids.shape)}")
+            raise ValueError(f"one prompt is batch size 1; got input_ids of shape {tuple(ids.shape)} "
+                             "(SpeculativeGenerator.generate takes a batch with its attention_mask)")
         ids = ids[0]
     if ids.dim() != 1 or ids.numel() == 0 or ids.dtype not in (torch.long, torch.int32, torch.int64):
         raise ValueError(f"input_ids must be a non-empty integer tensor [1, T] or [T], got {tuple(ids.shape)} {ids.dtype}")

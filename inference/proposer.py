@@ -9,6 +9,7 @@ they were drawn from.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -92,6 +93,14 @@ class Proposer:
 
     def reset(self) -> None:
         """Forget any per-sequence state (a new ``generate`` call starts)."""
+
+    def fork(self) -> "Proposer":
+        """A proposer for one more sequence beside this one (a batch's row): the same modules and settings,
+        its own per-sequence state. The default copies the attributes and resets the copy, which suits a
+        proposer whose ``reset`` assigns fresh state objects."""
+        clone = copy.copy(self)
+        clone.reset()
+        return clone
 
     def propose(self, ctx: DraftContext) -> Draft:
         raise NotImplementedError

@@ -18,6 +18,7 @@ Candidates are deterministic, so verification is exact greedy or exact rejection
 
 from __future__ import annotations
 
+import copy
 import heapq
 
 import torch
@@ -129,6 +130,14 @@ class SuffixDecoding(Proposer):
         self.trie = SuffixTrie(self.max_pattern + self.max_depth)
         self._seen: list[int] = []  # every context token appended to self.trie, in order
         self._prompt_len: int | None = None
+
+    def fork(self) -> "SuffixDecoding":
+        """A batch row's proposer: its own context trie; the cross-request cache is shared (read-only here:
+        a fork's output is not remembered)."""
+        clone = copy.copy(self)
+        clone._prompt_len = None  # so its reset remembers nothing of this proposer's last request
+        clone.reset()
+        return clone
 
     def remember(self, output: list[int]) -> None:
         """Add one finished output to the cross-request cache (rebuilt without the oldest outputs when it

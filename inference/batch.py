@@ -1,0 +1,337 @@
+"""Batch > 1: every row speculates on its own, one target pass verifies all rows' trees together.
+
+Prompts come as transformers' ``generate`` takes them: ``input_ids [B, T]`` left-padded with an
+``attention_mask [B, T]``. Each row keeps its own drafter (``Proposer.fork``: shared weights, its own
+state), its own context, accepted length and stopping; a round drafts a tree per row, pads them to
+one width W and runs the target once over [B, W] with a 4D mask per row: row r's nodes see the
+cache slots that hold row r's tokens and their own ancestors. The target's cache is one
+``DynamicCache`` of B rows whose slots need not line up: a row that accepted fewer tokens than the
+longest leaves masked-out holes (``valid``), squeezed out now and then (``repack_rows``). A row's
+positions count its own tokens, so every row computes what its own single-row run computes, and its
+output is that prompt's single-row output (greedy: ``target.generate`` on it; sampling: the target's
+distribution, row by row). Rows that stop (EOS, their budget) leave the batch; their outputs are
+padded with ``pad_token_id`` as ``generate`` pads them.
+
+With ``tree="auto"`` each row chooses its own tree from its drafter's confidence, under the cost of
+widening a *batched* pass: a row's tree of k nodes costs t(B k)/t(B) of a plain batched step
+(``BatchCost``), so the trees narrow as the batch fills, down to plain batched decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from headway.heads.target.features import FeatureCapture
+from headway.inference.kv_cache import compact_rows, new_cache, repack_rows
+from headway.inference.processors import GenerationSetup, apply_processors
+from headway.inference.proposer import Draft, DraftContext, Proposer, root_draft
+from headway.inference.target_forward import padded_tree_tensors, verify_width
+from headway.inference.verify import verify_greedy_tensors
+
+REPACK_WASTE = 0.25  # squeeze the cache's holes out once they exceed this share of its slots
+
+
+def check_batch(input_ids, attention_mask, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids [B, T] and attention_mask [B, T] (ones when None and no row is padded), or a one-line
+    ValueError: a padded batch without a mask, right padding, a row with no token, shapes that differ."""
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError(f"a batch is input_ids [B, T] with B, T >= 1, got shape {tuple(ids.shape)}")
+    if attention_mask is None:
+        if pad_token_id is not None and ids.shape[0] > 1 and bool((ids[:, 0] == pad_token_id).any()):
+            raise ValueError(f"rows of this batch start with the pad token ({pad_token_id}) but no attention_mask was "
+                             "given: pass the tokenizer's attention_mask (padding_side='left')")
+        return ids, torch.ones_like(ids)
+    mask = torch.as_tensor(attention_mask).to(ids.device)
+    if mask.shape != ids.shape:
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)} but input_ids has {tuple(ids.shape)}")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask must hold 0 (padding) and 1 (tokens) only")
+    mask = mask.long()
+    if bool((mask[:, 1:] < mask[:, :-1]).any()):
+        raise ValueError("attention_mask shows right padding (a 0 after a 1); speculative generation takes left-padded "
+                         "batches, as generate does: set tokenizer.padding_side = 'left'")
+    empty = (mask.sum(1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"row(s) {empty} of the batch hold no token (attention_mask all 0)")
+    return ids, mask
+
+
+class BatchCost:
+    """A row's view of the cost of a batched pass, for its ``AutoTree``: with ``rows`` rows, a row whose
+    tree has k nodes costs t(rows * k) / t(rows) of a plain batched step, and its share of that step is
+    t(rows) / rows seconds. (A pass over B rows of k tokens costs about what one row of B k tokens does:
+    the linear layers see B k rows either way, and each row attends to its own prefix.) The batched
+    passes' measured times correct the shared ``OnlineCost`` (``observe_pass``)."""
+
+    def __init__(self, online, rows: int = 1):
+        self.online, self.rows = online, rows
+
+    def seconds(self, width: int, prefix_len: int, is_chain: bool = False) -> float:
+        return self.online.seconds(self.rows * width, prefix_len, self.rows == 1 and is_chain) / self.rows
+
+    def rel(self, width: int, prefix_len: int, is_chain: bool = False) -> float:
+        return self.seconds(width, prefix_len, is_chain) / self.seconds(1, prefix_len, is_chain)
+
+    def plain_passes(self) -> float:
+        return float("inf")  # t(1)'s own correction comes from the batched passes' (observe_pass)
+
+    def observe(self, *args) -> None:
+        """Rows learn nothing about time on their own: the batch's pass is observed once (observe_pass)."""
+
+    def observe_pass(self, width: int, prefix_len: int, seconds: float) -> None:
+        self.online.observe(self.rows * width, prefix_len, False, seconds)
+
+
+@dataclasses.dataclass
+class Row:
+    """One prompt of the batch and where it stands."""
+
+    index: int  # its row in input_ids
+    proposer: Proposer  # its own fork of the generator's drafter
+    setup: GenerationSetup  # its processors and EOS ids (min_new_tokens counts from its own prompt)
+    seq: torch.Tensor  # [T_r + max_new] its real tokens (no padding) on the device
+    host: list[int]  # the same tokens on the host
+    length: int  # tokens so far; the cache holds length - 1 of them
+    stats: object  # its GenerationStats
+    auto: object | None = None  # its AutoTree (tree="auto"), sharing the generator's calibration and cost
+    features: torch.Tensor | None = None  # [n, F] features the drafter has not been shown yet
+    done: bool = False
+
+
+def propose_row(gen, row: Row, budget: int, sampling, generator) -> tuple[Draft, bool, float]:
+    """(the row's draft, whether it drafted at all, seconds) this round, as the single-row loop drafts."""
+    t0 = time.perf_counter()
+    drafted = row.auto is None or row.auto.should_draft(row.proposer.gated)
+    if not drafted:
+        return root_draft(row.seq[:row.length]), False, 0.0
+    ctx = DraftContext(row.seq[:row.length], row.features, gen.tree, budget - 1, sampling, generator,
+                       gate=row.auto.gate if row.auto is not None else None, host_tokens=row.host)
+    draft = row.proposer.propose(ctx)
+    seconds = time.perf_counter() - t0
+    if row.auto is not None:
+        draft = row.auto.select(draft, row.length, seconds)
+        row.stats.time_control += time.perf_counter() - t0 - seconds
+    if draft.tokens.shape[0] != draft.tree.size:
+        raise RuntimeError(f"{type(row.proposer).__name__} returned {draft.tokens.shape[0]} tokens "
+                           f"for a tree of {draft.tree.size} nodes")
+    return draft, True, seconds
+
+
+def batch_inputs(drafts: list[Draft], lengths: list[int], valid: torch.Tensor, pad_to: int, dtype):
+    """One pass over every row's tree: (tokens [B, W], positions [B, W], additive mask [B, 1, W, S + W], W).
+
+    Row r's tree is padded to W nodes (a padding node sees the prefix and itself); its nodes see the
+    slots ``valid[r]`` marks as its own and their ancestors; positions are the row's own (its length
+    minus one, the root's, plus the node's depth). valid: [B, S] bool.
+    """
+    device = valid.device
+    width = max(verify_width(d.tree.size, pad_to) for d in drafts)
+    rows, slots = valid.shape
+    tokens = torch.empty(rows, width, dtype=torch.long, device=device)
+    positions = torch.empty(rows, width, dtype=torch.long, device=device)
+    mask = torch.empty(rows, 1, width, slots + width, dtype=dtype, device=device)
+    mask[:, 0, :, :slots] = hidden_where(~valid, dtype)[:, None, :]  # [B, W, S]
+    for r, (draft, length) in enumerate(zip(drafts, lengths)):
+        n = draft.tree.size
+        tree_mask, depths = padded_tree_tensors(draft.tree, width, device, dtype)  # [W, W], [W]
+        mask[r, 0, :, slots:] = tree_mask
+        tokens[r, :n] = draft.tokens
+        tokens[r, n:] = draft.tokens[0]
+        positions[r] = depths + (length - 1)
+    return tokens, positions, mask, width
+
+
+def hidden_where(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool (True: hidden) -> the additive mask of 0 / finfo(dtype).min of the same shape."""
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, torch.finfo(dtype).min)
+
+
+def prefill_rows(target, cache, ids: torch.Tensor, mask: torch.Tensor, capture) -> tuple[torch.Tensor, list]:
+    """Run the left-padded prompts but their last token ([B, T - 1]) into ``cache``; returns (valid [B, T - 1]
+    bool: the slots holding real tokens, the features of each row's real positions [n_r, F] or Nones)."""
+    b, t = ids.shape
+    valid = mask[:, :-1].bool()
+    if t == 1:
+        return valid, [None] * b
+    dtype = target.dtype
+    positions = (mask[:, :-1].cumsum(1) - 1).clamp(min=0)  # [B, T - 1] each row counts its own tokens
+    causal = torch.ones(t - 1, t - 1, dtype=torch.bool, device=ids.device).tril()
+    allowed = (causal[None] & valid[:, None, :]) | torch.eye(t - 1, dtype=torch.bool, device=ids.device)[None]
+    full = hidden_where(~allowed, dtype)[:, None]  # [B, 1, T - 1, T - 1]
+    target(input_ids=ids[:, :-1], position_ids=positions, attention_mask=full, cache=cache, use_cache=True,
+           logits_to_keep=1)
+    if capture is None:
+        return valid, [None] * b
+    feats = capture.pop()  # [B, T - 1, F]
+    return valid, [feats[r][valid[r]] for r in range(b)]
+
+
+def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, sampling, generator, setups,
+                   stats_type, profile: bool = False):
+    """The batched loop behind ``SpeculativeGenerator.generate`` for B > 1 (see the module docstring).
+
+    ids, mask: [B, T] left-padded; setups: each row's GenerationSetup. Returns (sequences
+    [B, T + longest], aggregate stats, per-row stats)."""
+    device, b, t = gen.device, ids.shape[0], ids.shape[1]
+    pad_to = gen.resolved_pad_to()
+    auto = gen._auto_controller()
+    cost = BatchCost(auto.cost) if auto is not None else None
+    rows = []
+    for r in range(b):
+        prompt = ids[r][mask[r].bool()]
+        seq = torch.empty(prompt.shape[0] + max_new_tokens, dtype=torch.long, device=device)
+        seq[:prompt.shape[0]] = prompt
+        stats = stats_type(acceptance=gen.acceptance, lossy=gen.acceptance == "typical" and sampling is not None)
+        row_auto = auto.fork(cost, pad_to) if auto is not None else None
+        rows.append(Row(r, gen.drafter.fork(), setups[r], seq, prompt.tolist(), prompt.shape[0], stats, row_auto))
+    total = stats_type(acceptance=gen.acceptance, lossy=rows[0].stats.lossy)
+    layers = gen.drafter.feature_layers
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda and (profile or auto is not None) else (lambda: None)
+    with torch.no_grad(), (FeatureCapture(gen.target, layers) if layers else _nothing()) as capture:
+        t0 = time.perf_counter()
+        cache = new_cache(gen.target)
+        valid, prompt_features = prefill_rows(gen.target, cache, ids, mask, capture)
+        for row, feats in zip(rows, prompt_features):
+            row.features = feats
+        total.time_prefill = time.perf_counter() - t0
+        live = list(rows)  # the rows still generating, in the cache's row order
+        while live:
+            t0 = time.perf_counter()
+            if cost is not None:
+                cost.rows = len(live)
+            drafts, drafted = [], []
+            for row in live:
+                draft, did, seconds = propose_row(gen, row, max_new_tokens - row.stats.new_tokens, sampling, generator)
+                drafts.append(draft)
+                drafted.append(did)
+                row.stats.time_draft += seconds
+            tokens, positions, attn, width = batch_inputs(drafts, [row.length for row in live], valid, pad_to,
+                                                          gen.target.dtype)
+            sync()
+            t1 = time.perf_counter()
+            out = gen.target(input_ids=tokens, position_ids=positions, attention_mask=attn, cache=cache,
+                             use_cache=True, logits_to_keep=width)
+            sync()
+            t2 = time.perf_counter()
+            if cost is not None:
+                cost.observe_pass(width, valid.shape[1], t2 - t1)
+            captured = capture.pop() if capture else None  # [B, W, F]
+            paths, news = accept_rows(gen, live, drafts, out.logits, sampling, generator)
+            slots = valid.shape[1]
+            leaving = [_advance(row, draft, path, new, did, max_new_tokens, width)
+                       for row, draft, path, new, did in zip(live, drafts, paths, news, drafted)]
+            for i, row in enumerate(live):
+                if captured is not None and not leaving[i]:
+                    rows_f = captured[i].index_select(0, torch.tensor(paths[i], device=device))  # [accepted, F]
+                    row.features = rows_f if drafted[i] or row.features is None else torch.cat([row.features, rows_f])
+            keep = [path if not leave else [] for path, leave in zip(paths, leaving)]
+            kept = compact_rows(cache, slots, keep, width)
+            grown = torch.tensor([[j < len(k) for j in range(kept)] for k in keep], dtype=torch.bool, device=device)
+            valid = torch.cat([valid, grown.view(len(live), kept)], dim=1)
+            if any(leaving):
+                stay = [i for i, leave in enumerate(leaving) if not leave]
+                index = torch.tensor(stay, dtype=torch.long, device=device)
+                if stay:
+                    cache.batch_select_indices(index)
+                valid = valid.index_select(0, index)
+                live = [live[i] for i in stay]
+            if live and valid.shape[1] and (~valid).sum() > REPACK_WASTE * valid.numel():
+                valid = repack_rows(cache, valid)
+            t3 = time.perf_counter()
+            total.time_draft += t1 - t0
+            total.time_verify += t2 - t1
+            total.time_bookkeeping += t3 - t2
+            total.batch_passes += 1
+    for row in rows:
+        for name in ("new_tokens", "target_forward_passes", "plain_steps", "time_control"):
+            setattr(total, name, getattr(total, name) + getattr(row.stats, name))
+        total.accepted_per_step += row.stats.accepted_per_step
+        total.draft_depth_per_step += row.stats.draft_depth_per_step
+        total.verify_width_per_step += row.stats.verify_width_per_step
+    pad = _pad_token(gen.target, setups[0])
+    longest = max(row.stats.new_tokens for row in rows)
+    out = torch.full((b, t + longest), pad, dtype=torch.long, device=device)
+    out[:, :t] = ids
+    for row in rows:
+        n = row.stats.new_tokens
+        out[row.index, t:t + n] = row.seq[row.length - n:row.length]
+    return out, total, [row.stats for row in rows]
+
+
+def accept_rows(gen, live: list[Row], drafts: list[Draft], logits: torch.Tensor, sampling, generator):
+    """(each row's accepted path, its new tokens) from the batched pass's logits [B, W, V]. Greedy rows
+    without processors are verified on the device and read in one go for the whole batch."""
+    paths, news = [None] * len(live), [None] * len(live)
+    on_device = []
+    for i, (row, draft) in enumerate(zip(live, drafts)):
+        n = draft.tree.size
+        row_logits = logits[i, :n]  # [N, V]
+        if row.setup.processors:
+            row_logits = apply_processors(row.setup.processors, row.seq[:row.length], draft.tree, draft.tokens,
+                                          row_logits)
+        if sampling is None:
+            leaf, bonus = verify_greedy_tensors(*draft.tree.greedy_tensors(logits.device), draft.tokens,
+                                                row_logits.argmax(-1))
+            on_device.append((i, torch.cat([torch.stack([leaf, bonus]), draft.tokens])))
+        else:
+            paths[i], news[i] = gen._accept(draft, row_logits, sampling, generator)
+    if on_device:  # the round's one read for every greedy row
+        flat = torch.cat([x for _, x in on_device]).tolist()
+        at = 0
+        for i, x in on_device:
+            leaf, nxt, *tokens = flat[at:at + x.shape[0]]
+            at += x.shape[0]
+            paths[i], news[i] = gen.greedy_result(drafts[i].tree, leaf, nxt, tokens)
+    return paths, news
+
+
+def _advance(row: Row, draft: Draft, path: list[int], new: list[int], drafted: bool, max_new_tokens: int,
+             width: int) -> bool:
+    """Append the round's new tokens to the row (cut at its budget and at EOS); True: the row is done."""
+    if row.auto is not None:
+        row.auto.observe(draft, path, row.length, drafted, 0.0, width)
+    new, hit = cut_round(new, max_new_tokens - row.stats.new_tokens, row.setup.eos_token_ids)
+    row.seq[row.length:row.length + len(new)] = torch.tensor(new, dtype=torch.long, device=row.seq.device)
+    row.host += new
+    row.length += len(new)
+    stats = row.stats
+    stats.new_tokens += len(new)
+    stats.target_forward_passes += 1
+    stats.plain_steps += draft.tree.size == 1
+    stats.accepted_per_step.append(len(new))
+    stats.draft_depth_per_step.append(draft.tree.depth)
+    stats.verify_width_per_step.append(width)
+    row.done = hit or stats.new_tokens >= max_new_tokens
+    return row.done
+
+
+def cut_round(new: list[int], budget: int, eos: set[int]) -> tuple[list[int], bool]:
+    """A round's new tokens cut to the budget and right after the first EOS; (tokens, whether EOS came)."""
+    new = new[:budget]
+    hit = next((i for i, tok in enumerate(new) if tok in eos), None)
+    return (new, False) if hit is None else (new[:hit + 1], True)
+
+
+def _pad_token(target, setup: GenerationSetup) -> int:
+    """generate's padding for rows that stopped early: pad_token_id, else the (first) EOS id, else 0."""
+    pad = getattr(target.generation_config, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(target.config, "pad_token_id", None)
+    if pad is None and setup.eos_token_ids:
+        pad = min(setup.eos_token_ids)
+    if isinstance(pad, (list, tuple)):
+        pad = pad[0]
+    return int(pad) if pad is not None else 0
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

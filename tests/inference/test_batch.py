@@ -1,0 +1,218 @@
+"""Batch > 1: generate(input_ids [B, T], attention_mask [B, T]) with left padding, every drafter kind.
+
+Every row's greedy output must be that prompt's own ``target.generate`` output (each stopping at its
+own EOS, the rest padded as generate pads), with fixed trees and with tree="auto"; sampled rows must
+follow the target's exact distribution (chi-square on an 8-token model, rows of one batch padded
+differently); bad batches get one-line errors.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import headway.inference.batch as batch_mod
+from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator, SuffixDecoding
+from headway.inference.batch import BatchCost, check_batch
+from headway.inference.cost_curve import OnlineCost
+from headway.inference.kv_cache import compact_rows, new_cache, repack_rows
+from tests.inference.eagle_utils import train_eagle
+from tests.inference.spec_utils import (PROMPT, SETTINGS, chi2_pvalue, context_logits, exact_joint, made_up_curve,
+                                        reference_generate, tiny_vocab_model, train_medusa)
+
+BATCH = 5
+
+
+def left_pad(prompts, pad: int = 0):
+    """[1, T_r] prompts -> (input_ids [B, T], attention_mask [B, T]), left-padded as a tokenizer pads."""
+    t = max(p.shape[-1] for p in prompts)
+    ids = torch.full((len(prompts), t), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), t, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, t - p.shape[-1]:] = p.reshape(-1)
+        mask[r, t - p.shape[-1]:] = 1
+    return ids, mask
+
+
+def assert_rows_equal_generate(target, out, prompts, ids, max_new, pad, **settings):
+    t = ids.shape[1]
+    assert out.sequences.shape[0] == len(prompts) and torch.equal(out.sequences[:, :t], ids)
+    for r, prompt in enumerate(prompts):
+        ref = reference_generate(target, prompt, max_new, **settings)[0, prompt.shape[-1]:]
+        row = out.sequences[r, t:]
+        assert torch.equal(row[:ref.shape[0]], ref), (r, row.tolist(), ref.tolist())
+        assert (row[ref.shape[0]:] == pad).all(), r  # a row that stopped early is padded, as generate pads it
+        assert out.rows[r].new_tokens == ref.shape[0]
+
+
+def family_drafters(family, eagle):
+    return {"medusa": family.heads, "eagle1": eagle[1], "eagle3": eagle[3], "draft-model": DraftModelProposer(family.draft),
+            "lookup": PromptLookup(max_matches=2), "suffix": SuffixDecoding(),
+            "hybrid": [eagle[3], PromptLookup()]}
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3", "draft-model", "lookup", "suffix", "hybrid"])
+@pytest.mark.parametrize("tree", [None, "auto"])
+def test_every_row_equals_its_own_generate(family, eagle, kind, tree):
+    """Rows of 1-30 tokens (some repeating a segment), their own EOS (the tiny targets' tokenizer EOS)."""
+    target = family.target
+    pad = target.generation_config.pad_token_id
+    curve = made_up_curve(0.1) if tree == "auto" else None
+    gen = SpeculativeGenerator(target, family_drafters(family, eagle)[kind], tree=tree, cost_curve=curve)
+    for start in (0, BATCH):
+        prompts = family.prompts[start:start + BATCH]
+        ids, mask = left_pad(prompts, pad)
+        out = gen.generate(ids, attention_mask=mask, max_new_tokens=24)
+        assert_rows_equal_generate(target, out, prompts, ids, 24, pad)
+        assert out.stats.batch_passes >= max(s.target_forward_passes for s in out.rows)
+        assert out.stats.new_tokens == sum(s.new_tokens for s in out.rows)
+
+
+def test_rows_stop_at_their_own_eos_and_honour_the_generation_config():
+    target = tiny_vocab_model(seed=3)
+    prompts = [torch.tensor([PROMPT]), torch.tensor([[3, 3, 3, 3]]), torch.tensor([PROMPT[:3]]), torch.tensor([[5]])]
+    ids, mask = left_pad(prompts, pad=0)
+    gen = SpeculativeGenerator(target, PromptLookup(max_matches=2), tree=None)
+    for settings in ({"eos_token_id": 6}, {"eos_token_id": 6, "repetition_penalty": 1.3},
+                     {"eos_token_id": None, "no_repeat_ngram_size": 2, "min_new_tokens": 4}):
+        out = gen.generate(ids, attention_mask=mask, max_new_tokens=20, **settings)
+        assert_rows_equal_generate(target, out, prompts, ids, 20, 0, **settings)
+    stopped = gen.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=6)
+    assert min(s.new_tokens for s in stopped.rows) < 20  # the EOS case really stops a row early
+
+
+@pytest.mark.parametrize("waste", [0.0, 1.0])
+def test_repacking_the_cache_every_round_or_never_gives_the_same_rows(family, eagle, waste, monkeypatch):
+    monkeypatch.setattr(batch_mod, "REPACK_WASTE", waste)
+    target = family.target
+    pad = target.generation_config.pad_token_id
+    prompts = family.prompts[:BATCH]
+    ids, mask = left_pad(prompts, pad)
+    out = SpeculativeGenerator(target, eagle[3], tree=None).generate(ids, attention_mask=mask, max_new_tokens=24)
+    assert_rows_equal_generate(target, out, prompts, ids, 24, pad)
+
+
+def test_a_batch_of_one_row_and_a_mask_of_ones_equal_the_single_row_call(family):
+    target = family.target
+    gen = SpeculativeGenerator(target, PromptLookup(), tree=None)
+    prompt = family.prompts[0]
+    single = gen.generate(prompt, max_new_tokens=16)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], 1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(prompt)], 1)
+    assert torch.equal(gen.generate(padded, attention_mask=mask, max_new_tokens=16).sequences, single.sequences)
+    same = gen.generate(prompt.expand(3, -1), max_new_tokens=16)  # no mask: no row is padded
+    assert all(torch.equal(row, single.sequences[0]) for row in same.sequences)
+
+
+def test_the_cache_helpers_keep_what_each_row_needs(family_model):
+    """compact_rows and repack_rows: the next forward over the compacted cache equals one over each row's kept
+    tokens. Four tree nodes (parents -1, 0, 0, 2) follow a 5-token prefix; row 0 keeps the path 0-1, row 1 0-2-3."""
+    model = family_model
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=g)
+    parents, depths = [-1, 0, 0, 2], torch.tensor([0, 1, 1, 2])
+    seen = torch.eye(4, dtype=torch.bool)
+    for i in range(1, 4):
+        seen[i] |= seen[parents[i]]
+    min_ = torch.finfo(model.dtype).min
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=ids[:, :5], cache=cache, use_cache=True)
+        tree_mask = torch.cat([torch.ones(4, 5, dtype=torch.bool), seen], 1)  # [4, 9]
+        attn = torch.zeros(2, 1, 4, 9, dtype=model.dtype).masked_fill_(~tree_mask, min_)
+        model(input_ids=ids[:, 5:], position_ids=(depths + 5).expand(2, -1), attention_mask=attn, cache=cache,
+              use_cache=True)
+        kept = compact_rows(cache, 5, [[0, 1], [0, 2, 3]], 4)
+        assert kept == 3 and cache.get_seq_length() == 8
+        nxt = torch.tensor([[4], [5]])
+
+        def step(cache, valid, positions):  # one more token per row over the cache, seeing the slots ``valid`` marks
+            blocked = ~torch.cat([valid, torch.ones(2, 1, dtype=torch.bool)], 1)
+            attn = torch.zeros(blocked.shape, dtype=model.dtype).masked_fill_(blocked, min_)[:, None, None]
+            return model(input_ids=nxt, position_ids=torch.tensor(positions)[:, None], attention_mask=attn,
+                         cache=copy.deepcopy(cache), use_cache=True).logits[:, -1]
+
+        valid = torch.tensor([[True] * 7 + [False], [True] * 8])
+        got = step(cache, valid, [7, 8])
+        for r, keep in enumerate([[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 7, 8]]):
+            want = model(input_ids=torch.cat([ids[r, keep], nxt[r]])[None]).logits[0, -1]
+            assert torch.allclose(got[r], want, atol=1e-9), r
+        assert repack_rows(cache, valid) is valid  # nothing to drop: the longest row fills the cache
+        valid[0, 2] = valid[1, 3] = False  # a hole in each row: repacking drops a slot and keeps what each row sees
+        before = step(cache, valid, [7, 8])
+        packed = repack_rows(cache, valid)
+        assert packed.shape == (2, 7) and cache.get_seq_length() == 7 and packed.sum(1).tolist() == [6, 7]
+        assert torch.allclose(step(cache, packed, [7, 8]), before, atol=1e-9)
+
+
+def test_bad_batches_get_one_line_errors(family):
+    target = family.target
+    gen = SpeculativeGenerator(target, PromptLookup(), tree=None)
+    pad = target.generation_config.pad_token_id
+    ids, mask = left_pad(family.prompts[:3], pad)
+    with pytest.raises(ValueError, match="no attention_mask was given"):
+        gen.generate(ids, max_new_tokens=4)
+    with pytest.raises(ValueError, match="right padding.*padding_side = 'left'"):
+        gen.generate(ids, attention_mask=mask.flip(1), max_new_tokens=4)
+    with pytest.raises(ValueError, match="a streamer takes one sequence"):
+        gen.generate(ids, attention_mask=mask, max_new_tokens=4, streamer=object())
+    with pytest.raises(ValueError, match=r"longest row \(\d+ tokens\) \+ max_new_tokens"):
+        gen.generate(ids, attention_mask=mask, max_new_tokens=target.config.max_position_embeddings)
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        gen.generate(ids, attention_mask=mask[:, 1:], max_new_tokens=4)
+    empty = mask.clone()
+    empty[1] = 0
+    with pytest.raises(ValueError, match=r"row\(s\) \[1\] of the batch hold no token"):
+        gen.generate(ids, attention_mask=empty, max_new_tokens=4)
+    assert check_batch(ids, mask, pad)[1].dtype == torch.long
+
+
+def test_trees_narrow_as_the_batch_grows():
+    """BatchCost: a row's k-node tree costs t(B k)/t(B) of a batched plain step, so the same drafter's
+    trees shrink as B grows, down to plain steps where widening the batch costs as much as it yields."""
+    from transformers.cache_utils import DynamicCache  # noqa: F401  (the curve below is made up)
+
+    from headway.inference.cost_curve import CostCurve
+
+    ks = [1, 2, 4, 8, 16, 32, 64]
+    rel = [1.0, 1.0, 1.05, 1.3, 2.2, 4.2, 8.4]  # flat while the GEMMs are thin, then linear in tokens
+    online = OnlineCost(CostCurve(ks, [0], [1.0], [rel], [rel], {}))
+    cost = BatchCost(online)
+    assert cost.rel(4, 0) == pytest.approx(1.05)
+    cost.rows = 8
+    assert cost.rel(4, 0) == pytest.approx(4.2 / 1.3)  # t(32) / t(8)
+    assert cost.rel(1, 0) == 1.0 and cost.plain_passes() == float("inf")
+
+
+# --- sampling: exact per row ----------------------------------------------------------------------
+
+# the enumerated prompt in four rows, left-padded by 2 beside two longer prompts (padded by 1 and by 0)
+SAMPLING_PROMPTS = [PROMPT] * 4 + [[5] + PROMPT, [2, 5] + PROMPT]
+
+
+@pytest.fixture(scope="module")
+def sampling_setup():
+    target = tiny_vocab_model(0)
+    heads = train_medusa(target, num_heads=2, steps=200, seed=2, low=0).double()
+    eagle3 = train_eagle(target, 3, seed=2, steps=60, low=0, draft_vocab=6)
+    joints = {name: exact_joint(context_logits(target, PROMPT), params) for name, params in SETTINGS.items()}
+    drafters = {"draft-tree": (DraftModelProposer(tiny_vocab_model(1)), [[0], [1], [0, 0], [1, 0]]),
+                "medusa-tree": (heads, [[0], [1], [0, 0]]), "eagle3-tree": (eagle3, [[0], [1], [0, 0], [0, 1]]),
+                "lookup-chain": (PromptLookup(), None)}
+    return target, drafters, joints
+
+
+@pytest.mark.parametrize("drafter, setting", [("draft-tree", "T1"), ("medusa-tree", "T0.7-p0.9"),
+                                              ("eagle3-tree", "T1"), ("lookup-chain", "T0.7-p0.9")])
+def test_sampled_rows_follow_the_target_distribution(sampling_setup, drafter, setting):
+    target, drafters, joints = sampling_setup
+    params = SETTINGS[setting]
+    gen = SpeculativeGenerator(target, *drafters[drafter])
+    ids, mask = left_pad([torch.tensor([p]) for p in SAMPLING_PROMPTS])
+    g = torch.Generator().manual_seed(4)
+    samples = []
+    for _ in range(250):
+        out = gen.generate(ids, attention_mask=mask, max_new_tokens=3, temperature=params.temperature,
+                           top_k=params.top_k, top_p=params.top_p, generator=g)
+        samples.append(out.sequences[:4, -3:])  # the rows whose prompt is PROMPT: the enumerated joint
+    assert chi2_pvalue(torch.cat(samples), joints[setting]) > 1e-3
