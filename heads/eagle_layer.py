@@ -13,23 +13,40 @@ from torch import nn
 
 
 class DraftCache:
-    """The drafter's own key/value cache (one layer): ``[B, Hkv, S, D]`` tensors, cropped on roll-back."""
+    """The drafter's own key/value cache (one layer): ``[B, Hkv, S, D]`` views of buffers that double when
+    full (an append writes its new slots only, never copies the cache), cropped on roll-back."""
 
     def __init__(self):
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
+        self._keys: torch.Tensor | None = None  # [B, Hkv, capacity, D]
+        self._values: torch.Tensor | None = None
+        self._length = 0
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._keys is None else self._keys[:, :, :self._length]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._values is None else self._values[:, :, :self._length]
 
     def __len__(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        return self._length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
-        self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
+        start, n = self._length, k.shape[2]
+        if self._keys is None or self._keys.shape[2] < start + n or self._keys.shape[:2] != k.shape[:2]:
+            size = max(start + n, 2 * (self._keys.shape[2] if self._keys is not None else 64))
+            keys, values = k.new_empty(*k.shape[:2], size, k.shape[3]), v.new_empty(*v.shape[:2], size, v.shape[3])
+            if start:
+                keys[:, :, :start], values[:, :, :start] = self._keys[:, :, :start], self._values[:, :, :start]
+            self._keys, self._values = keys, values
+        self._keys[:, :, start:start + n] = k
+        self._values[:, :, start:start + n] = v
+        self._length = start + n
         return self.keys, self.values
 
     def crop(self, length: int) -> None:
-        if self.keys is not None and self.keys.shape[2] > length:
-            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
+        self._length = min(self._length, length)
 
 
 def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:

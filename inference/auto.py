@@ -102,6 +102,7 @@ class AutoTree:
         self.rate = 1.0  # the last round's best tokens per step, drafting included
         self._gate: GateRound | None = None  # this round's, when the drafter is a hybrid
         self._draft_steps = 0.0  # this round's drafting time / t(1)
+        self.ranked: tuple[list[int], list[float]] = ([0], [1.0])  # the last select's nodes best first, and E(k)
 
     def fork(self, cost, pad_to: int) -> "AutoTree":
         """A controller for one row of a batch: this one's calibration (shared: every row's rounds teach it),
@@ -179,6 +180,7 @@ class AutoTree:
         """(the nodes worth verifying, ascending, the root first; their tokens per step, drafting included)."""
         tree = draft.tree
         if tree.size == 1:
+            self.ranked = ([0], [1.0])
             return [0], 1.0 / (1.0 + draft_steps)
         score = self.scores(draft)
         ordered = tree.children  # siblings in node order: the order sampled children were drawn in
@@ -186,6 +188,7 @@ class AutoTree:
         heap = [(-score[c], c) for c in (ordered[0][:1] if sampled else ordered[0])]
         heapq.heapify(heap)
         kept, expected, chain_so_far = [0], 1.0, True
+        gains = [1.0]  # expected new tokens of the first j + 1 nodes kept, best first
         best_k, best_rate = 0, 1.0 / (1.0 + draft_steps)
         while heap:
             neg, node = heapq.heappop(heap)
@@ -193,6 +196,7 @@ class AutoTree:
             chain_so_far = chain_so_far and parent == kept[-1]
             kept.append(node)
             expected += -neg
+            gains.append(expected)
             width = verify_width(len(kept), self.pad_to)
             rate = expected / (self.cost.rel(width, prefix_len, chain_so_far) + draft_steps)
             if rate > best_rate:
@@ -204,6 +208,8 @@ class AutoTree:
                 j = siblings.index(node) + 1
                 if j < len(siblings):
                     heapq.heappush(heap, (-score[siblings[j]], siblings[j]))
+        # (best-first nodes, their expected tokens) up to the choice: a batch may verify fewer (headway.inference.batch)
+        self.ranked = (kept[:best_k + 1], gains[:best_k + 1])
         return sorted(kept[:best_k + 1]), best_rate
 
     def select(self, draft: Draft, prefix_len: int, draft_seconds: float = 0.0) -> Draft:

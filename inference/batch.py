@@ -12,9 +12,13 @@ output is that prompt's single-row output (greedy: ``target.generate`` on it; sa
 distribution, row by row). Rows that stop (EOS, their budget) leave the batch; their outputs are
 padded with ``pad_token_id`` as ``generate`` pads them.
 
-With ``tree="auto"`` each row chooses its own tree from its drafter's confidence, under the cost of
-widening a *batched* pass: a row's tree of k nodes costs t(B k)/t(B) of a plain batched step
-(``BatchCost``), so the trees narrow as the batch fills, down to plain batched decoding.
+Each prompt's prefill runs alone, causally and without its padding, and its cache is laid into its
+row (``prefill_rows``): that is its own single-row prefill, and a padded batch's prefill would compute
+every pad slot under a 4D mask. With ``tree="auto"`` each row chooses its own tree from its drafter's
+confidence, under the cost of widening a *batched* pass: a row's tree of k nodes costs t(B k)/t(B) of a
+plain batched step (``BatchCost``); then, since every row is padded to the widest, one width W for the
+pass is chosen for the whole batch, the one with the most expected tokens (summed over the rows) per
+second (``fit_widths``). So the trees narrow as the batch fills, down to plain batched decoding.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ import time
 import torch
 
 from headway.heads.target.features import FeatureCapture
-from headway.inference.kv_cache import compact_rows, new_cache, repack_rows
+from headway.inference.auto import prune
+from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, repack_rows
 from headway.inference.processors import GenerationSetup, apply_processors
 from headway.inference.proposer import Draft, DraftContext, Proposer, root_draft
-from headway.inference.target_forward import padded_tree_tensors, verify_width
+from headway.inference.target_forward import padded_tree_tensors, prefill, verify_width
 from headway.inference.verify import verify_greedy_tensors
 
-REPACK_WASTE = 0.25  # squeeze the cache's holes out once they exceed this share of its slots
+REPACK_WASTE = 0.25  # squeeze the cache's holes out once a repack would drop this share of its slots
 
 
 def check_batch(input_ids, attention_mask, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,6 +104,7 @@ class Row:
     stats: object  # its GenerationStats
     auto: object | None = None  # its AutoTree (tree="auto"), sharing the generator's calibration and cost
     features: torch.Tensor | None = None  # [n, F] features the drafter has not been shown yet
+    ranked: tuple | None = None  # tree="auto": (this round's whole draft, its nodes best first, their E(k))
     done: bool = False
 
 
@@ -106,6 +112,7 @@ def propose_row(gen, row: Row, budget: int, sampling, generator) -> tuple[Draft,
     """(the row's draft, whether it drafted at all, seconds) this round, as the single-row loop drafts."""
     t0 = time.perf_counter()
     drafted = row.auto is None or row.auto.should_draft(row.proposer.gated)
+    row.ranked = None
     if not drafted:
         return root_draft(row.seq[:row.length]), False, 0.0
     ctx = DraftContext(row.seq[:row.length], row.features, gen.tree, budget - 1, sampling, generator,
@@ -113,12 +120,39 @@ def propose_row(gen, row: Row, budget: int, sampling, generator) -> tuple[Draft,
     draft = row.proposer.propose(ctx)
     seconds = time.perf_counter() - t0
     if row.auto is not None:
-        draft = row.auto.select(draft, row.length, seconds)
+        full = dataclasses.replace(draft, scores=draft.score_list())
+        draft = row.auto.select(full, row.length, seconds)
+        row.ranked = (full, *row.auto.ranked)
         row.stats.time_control += time.perf_counter() - t0 - seconds
     if draft.tokens.shape[0] != draft.tree.size:
         raise RuntimeError(f"{type(row.proposer).__name__} returned {draft.tokens.shape[0]} tokens "
                            f"for a tree of {draft.tree.size} nodes")
     return draft, True, seconds
+
+
+def fit_widths(live: list[Row], drafts: list[Draft], cost: BatchCost, pad_to: int, prefix_len: int) -> list[Draft]:
+    """tree="auto": one width for the whole pass. Every row is padded to the widest row's tree, so a row's own
+    choice can cost the others; this verifies at most W nodes per row, W (1 being a plain batched step) the
+    one whose expected new tokens, summed over the rows, per second of a [B, W] pass are the most. A row's W
+    nodes are its best W (closed under parents; sampled children a prefix of their draw order), so its draft
+    stays what its controller would have cut."""
+    sizes = sorted({1, *(d.tree.size for d in drafts)})
+    if len(sizes) == 1:
+        return drafts
+    rows = len(live)
+
+    def rate(w: int) -> float:
+        tokens = sum(row.ranked[2][min(w, len(row.ranked[2])) - 1] if row.ranked else 1.0 for row in live)
+        return tokens / cost.online.seconds(rows * verify_width(w, pad_to), prefix_len)
+
+    best = max(sizes, key=rate)
+    out = []
+    for row, draft in zip(live, drafts):
+        if draft.tree.size > best and row.ranked is not None:
+            full, order, _ = row.ranked
+            draft = prune(full, sorted(order[:best]))
+        out.append(draft)
+    return out
 
 
 def batch_inputs(drafts: list[Draft], lengths: list[int], valid: torch.Tensor, pad_to: int, dtype):
@@ -151,23 +185,38 @@ def hidden_where(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def prefill_rows(target, cache, ids: torch.Tensor, mask: torch.Tensor, capture) -> tuple[torch.Tensor, list]:
-    """Run the left-padded prompts but their last token ([B, T - 1]) into ``cache``; returns (valid [B, T - 1]
-    bool: the slots holding real tokens, the features of each row's real positions [n_r, F] or Nones)."""
+    """Run each row's prompt but its last token into ``cache`` (B rows of T - 1 slots, each row's tokens in its
+    last slots, as left padding puts them); returns (valid [B, T - 1] bool: the slots holding real tokens, each
+    row's features of its prompt positions [n_r, F], or None).
+
+    Each row runs alone, causally, without its padding: a padded batch's prefill computes every pad slot and
+    loses the causal kernel to a 4D mask (8 task prompts of 37-365 tokens: 11.3 s padded), and a row's cache is
+    then exactly its own single-row prefill's.
+    """
     b, t = ids.shape
     valid = mask[:, :-1].bool()
+    features = [None] * b
     if t == 1:
-        return valid, [None] * b
-    dtype = target.dtype
-    positions = (mask[:, :-1].cumsum(1) - 1).clamp(min=0)  # [B, T - 1] each row counts its own tokens
-    causal = torch.ones(t - 1, t - 1, dtype=torch.bool, device=ids.device).tril()
-    allowed = (causal[None] & valid[:, None, :]) | torch.eye(t - 1, dtype=torch.bool, device=ids.device)[None]
-    full = hidden_where(~allowed, dtype)[:, None]  # [B, 1, T - 1, T - 1]
-    target(input_ids=ids[:, :-1], position_ids=positions, attention_mask=full, cache=cache, use_cache=True,
-           logits_to_keep=1)
-    if capture is None:
-        return valid, [None] * b
-    feats = capture.pop()  # [B, T - 1, F]
-    return valid, [feats[r][valid[r]] for r in range(b)]
+        return valid, features
+    rows = []
+    for r in range(b):
+        prompt = ids[r][mask[r].bool()]  # [T_r]
+        row_cache = new_cache(target, capacity=prompt.shape[0])
+        if prompt.shape[0] > 1:
+            prefill(target, row_cache, prompt[None, :-1])
+            features[r] = capture.pop()[0] if capture is not None else None  # [T_r - 1, F]
+        rows.append(row_cache)
+    for i, layer in enumerate(cache.layers):
+        parts = [rc.layers[i] for rc in rows]
+        like = next(p.keys for p in parts if p.is_initialized)  # [1, Hkv, n, D]
+        keys = like.new_zeros(b, like.shape[1], t - 1, like.shape[3])  # pad slots: zeros, never seen (valid)
+        values = keys.clone()
+        for r, part in enumerate(parts):
+            n = part.get_seq_length()
+            if n:
+                keys[r, :, t - 1 - n:], values[r, :, t - 1 - n:] = part.keys[0], part.values[0]
+        layer.update(keys, values)
+    return valid, features
 
 
 def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, sampling, generator, setups,
@@ -194,7 +243,7 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
     sync = torch.cuda.synchronize if cuda and (profile or auto is not None) else (lambda: None)
     with torch.no_grad(), (FeatureCapture(gen.target, layers) if layers else _nothing()) as capture:
         t0 = time.perf_counter()
-        cache = new_cache(gen.target)
+        cache = new_cache(gen.target, capacity=t + max_new_tokens + CACHE_SLACK)
         valid, prompt_features = prefill_rows(gen.target, cache, ids, mask, capture)
         for row, feats in zip(rows, prompt_features):
             row.features = feats
@@ -210,6 +259,8 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
                 drafts.append(draft)
                 drafted.append(did)
                 row.stats.time_draft += seconds
+            if cost is not None:
+                drafts = fit_widths(live, drafts, cost, pad_to, valid.shape[1])
             tokens, positions, attn, width = batch_inputs(drafts, [row.length for row in live], valid, pad_to,
                                                           gen.target.dtype)
             sync()
@@ -240,8 +291,8 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
                     cache.batch_select_indices(index)
                 valid = valid.index_select(0, index)
                 live = [live[i] for i in stay]
-            if live and valid.shape[1] and (~valid).sum() > REPACK_WASTE * valid.numel():
-                valid = repack_rows(cache, valid)
+            if live and valid.shape[1] - int(valid.sum(1).max()) > REPACK_WASTE * valid.shape[1]:
+                valid = repack_rows(cache, valid)  # the slots no row needs are over REPACK_WASTE of the cache
             t3 = time.perf_counter()
             total.time_draft += t1 - t0
             total.time_verify += t2 - t1

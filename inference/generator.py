@@ -27,7 +27,7 @@ import torch
 from headway.heads.target.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
 from headway.inference.proposer import Draft, DraftContext, as_proposer, root_draft
-from headway.inference.kv_cache import compact_cache, new_cache
+from headway.inference.kv_cache import CACHE_SLACK, compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree, node_path
 from headway.inference.target_forward import check_attention, prefill, tree_forward
@@ -203,8 +203,8 @@ class SpeculativeGenerator:
             capture = stack.enter_context(FeatureCapture(self.target, layers)) if layers else None
             t0 = time.perf_counter()
             drafter.reset()
-            cache = new_cache(self.target)
             length = prompt.shape[0]
+            cache = new_cache(self.target, capacity=length + max_new_tokens + CACHE_SLACK)  # written in place
             seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=self.device)  # prompt + new tokens
             seq[:length] = prompt
             host = prompt.tolist()  # the same tokens on the host, extended by each round's one read

@@ -84,14 +84,19 @@ def test_the_draft_cache_appends_along_the_sequence_and_crops():
     assert len(cache) == 0 and cache.keys is None
     k1, v1 = torch.arange(24.0).view(2, 1, 3, 4), -torch.arange(24.0).view(2, 1, 3, 4)  # [B, Hkv, S, D]
     keys, values = cache.append(k1, v1)
-    assert keys is k1 and values is v1 and len(cache) == 3
+    assert torch.equal(keys, k1) and torch.equal(values, v1) and len(cache) == 3
     k2, v2 = torch.ones(2, 1, 2, 4), torch.zeros(2, 1, 2, 4)
+    storage = keys.data_ptr()
     keys, values = cache.append(k2, v2)
+    assert keys.data_ptr() == storage  # written in place: no concatenation copies the cache
     assert len(cache) == 5 and torch.equal(keys, torch.cat([k1, k2], 2)) and torch.equal(values, torch.cat([v1, v2], 2))
     cache.crop(4)  # roll back to 4 positions
     assert len(cache) == 4 and torch.equal(cache.keys, torch.cat([k1, k2[:, :, :1]], 2))
     cache.crop(9)  # longer than the cache: unchanged
     assert len(cache) == 4 and torch.equal(cache.values, torch.cat([v1, v2[:, :, :1]], 2))
+    k3 = torch.randn(2, 1, 200, 4)
+    keys, values = cache.append(k3, -k3)  # past its buffer: it grows, keeping what it held
+    assert len(cache) == 204 and torch.equal(keys, torch.cat([k1, k2[:, :, :1], k3], 2))
 
 
 def test_ttt_keys_hold_each_step_in_order():

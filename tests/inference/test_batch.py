@@ -184,6 +184,29 @@ def test_trees_narrow_as_the_batch_grows():
     assert cost.rel(1, 0) == 1.0 and cost.plain_passes() == float("inf")
 
 
+def test_one_width_is_chosen_for_the_whole_pass():
+    """fit_widths: a row with a long confident chain and a row with nothing to verify. When widening the pass is
+    cheap the chain is verified whole; when it costs about a step per token, the pass is a plain batched step,
+    and in between the chain is cut to its best nodes (a prefix of the chain)."""
+    from types import SimpleNamespace
+
+    from headway.inference import Draft, chain
+    from headway.inference.batch import fit_widths
+    from headway.inference.tree import Tree
+
+    long = Draft(chain(6), torch.arange(7))
+    alone = Draft(Tree([-1]), torch.tensor([3]))
+    gains = [1.0 + 0.9 * (1 - 0.9 ** j) / 0.1 for j in range(7)]  # E(k): each node 0.9 times as likely as its parent
+    rows = [SimpleNamespace(ranked=(long, list(range(7)), gains)), SimpleNamespace(ranked=None)]
+    widths = {}
+    for step in (0.01, 0.15, 1.0):
+        cost = BatchCost(OnlineCost(made_up_curve(step)), rows=2)
+        widths[step] = [d.tree.size for d in fit_widths(rows, [long, alone], cost, pad_to=1, prefix_len=0)]
+    assert widths[0.01] == [7, 1] and widths[1.0] == [1, 1] and 1 < widths[0.15][0] < 7, widths
+    cut = fit_widths(rows, [long, alone], BatchCost(OnlineCost(made_up_curve(0.15)), rows=2), 1, 0)[0]
+    assert cut.tree.is_chain and cut.tokens.tolist() == list(range(cut.tree.size))
+
+
 # --- sampling: exact per row ----------------------------------------------------------------------
 
 # the enumerated prompt in four rows, left-padded by 2 beside two longer prompts (padded by 1 and by 0)

@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from headway.inference.kv_cache import check_compactable, compact_cache, crop_to, new_cache
+from headway.inference.kv_cache import BufferLayer, check_compactable, compact_cache, crop_to, new_cache
 from headway.inference.tree import load_tree, node_path
 from headway.inference.target_forward import tree_forward
 from tests.inference.spec_utils import causal_logits, prefilled
@@ -53,7 +53,38 @@ def test_new_cache_is_an_empty_compactable_dynamic_cache(tiny_llama):
     cache = new_cache(model)
     assert isinstance(cache, DynamicCache) and cache.get_seq_length() == 0
     assert len(cache.layers) == model.config.num_hidden_layers
-    assert all(type(layer) is DynamicLayer for layer in cache.layers)
+    assert all(type(layer) is BufferLayer and isinstance(layer, DynamicLayer) for layer in cache.layers)
+
+
+def test_buffer_layers_are_written_in_place_and_act_as_dynamic_layers(family_model):
+    """A BufferLayer cache gives the logits a DynamicLayer cache gives through prefill, decoding past its capacity
+    (it grows), crop, compaction, a batch row dropped and a tensor assigned; its forwards write into one buffer."""
+    model = family_model
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (2, 14), generator=g)
+    caches = [DynamicCache(config=model.config), new_cache(model, capacity=8)]
+    outs = []
+    with torch.no_grad():
+        for cache in caches:
+            got = [model(input_ids=ids[:, :6], cache=cache, use_cache=True).logits]
+            buffer = cache.layers[0]._buf["keys"] if isinstance(cache.layers[0], BufferLayer) else None
+            got.append(model(input_ids=ids[:, 6:8], cache=cache, use_cache=True).logits)
+            if buffer is not None:  # written in place: the same storage, no concatenation
+                assert cache.layers[0]._buf["keys"].data_ptr() == buffer.data_ptr()
+            got.append(model(input_ids=ids[:, 8:12], cache=cache, use_cache=True).logits)  # past capacity 8: grows
+            cache.crop(-3)  # keys and values both lose 3 (transformers assigns them one after the other)
+            assert cache.get_seq_length() == 9 and cache.layers[0].values.shape[2] == 9
+            compact_cache(cache, 5, [1, 3], 4)  # keep entries 6 and 8 after the first 5
+            pos = torch.tensor([[7, 8]]).expand(2, -1)
+            got.append(model(input_ids=ids[:, 12:14], position_ids=pos, cache=cache, use_cache=True).logits)
+            cache.batch_select_indices(torch.tensor([1]))  # a row leaves the batch
+            got.append(model(input_ids=ids[1:, :1], position_ids=torch.tensor([[9]]), cache=cache, use_cache=True).logits)
+            for layer in cache.layers:  # a tensor assigned (a repack) is copied in
+                layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+            got.append(model(input_ids=ids[1:, 1:2], position_ids=torch.tensor([[10]]), cache=cache, use_cache=True).logits)
+            outs.append(got)
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("keep", [[0, 2, 5], [1, 3], [0, 1, 2], [0, 1, 2, 3, 4, 5]])
