@@ -136,8 +136,8 @@ def fit_widths(live: list[Row], drafts: list[Draft], cost: BatchCost, pad_to: in
     one whose expected new tokens, summed over the rows, per second of a [B, W] pass are the most. A row's W
     nodes are its best W (closed under parents; sampled children a prefix of their draw order), so its draft
     stays what its controller would have cut."""
-    sizes = sorted({1, *(d.tree.size for d in drafts)})
-    if len(sizes) == 1:
+    widest = max(d.tree.size for d in drafts)
+    if widest == 1:
         return drafts
     rows = len(live)
 
@@ -145,7 +145,7 @@ def fit_widths(live: list[Row], drafts: list[Draft], cost: BatchCost, pad_to: in
         tokens = sum(row.ranked[2][min(w, len(row.ranked[2])) - 1] if row.ranked else 1.0 for row in live)
         return tokens / cost.online.seconds(rows * verify_width(w, pad_to), prefix_len)
 
-    best = max(sizes, key=rate)
+    best = max(range(1, widest + 1), key=rate)
     out = []
     for row, draft in zip(live, drafts):
         if draft.tree.size > best and row.ranked is not None:
