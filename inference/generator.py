@@ -96,7 +96,8 @@ class SpeculativeGenerator:
     """Lossless tree-speculative generation with any drafter.
 
     Args:
-        target_model: a transformers causal LM (sdpa or eager attention), batch size 1.
+        target_model: a transformers causal LM (sdpa or eager attention); ``generate`` takes one prompt or a
+            left-padded batch with its attention_mask (headway.inference.batch).
         drafter: ``MedusaHeads``, a transformers causal LM sharing the target's tokenizer (the
             classic draft model), ``PromptLookup(...)``, or any ``headway.inference.Proposer``.
         tree: ``"auto"`` (the default: each round verify the part of the drafter's default tree that

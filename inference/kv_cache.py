@@ -3,7 +3,10 @@
 After verification the cache holds the prefix plus every tree node (and padding). Only the
 accepted root-to-node path may stay: its entries are gathered into place behind the prefix and
 the rest is cropped, so rejected keys/values never reach a later step (the "roll back the KV
-cache" step of speculative decoding; Medusa and EAGLE do the same gather-then-truncate).
+cache" step of speculative decoding; Medusa and EAGLE do the same gather-then-truncate). The layers
+are ``BufferLayer``s: allocated once and written in place, so neither a forward nor a crop copies the
+cache. A batch's rows keep paths of different lengths (``compact_rows``) and masked-out holes that
+``repack_rows`` squeezes out.
 """
 
 from __future__ import annotations
