@@ -20,7 +20,7 @@ from tests.inference.eagle_utils import train_eagle
 from tests.inference.spec_utils import (PROMPT, SETTINGS, chi2_pvalue, context_logits, exact_joint, made_up_curve,
                                         reference_generate, tiny_vocab_model, train_medusa)
 
-BATCH = 5
+BATCH = 7  # the family's first prompts: 3-27 tokens (a prompt of one token: the EOS test), some repeating a segment
 
 
 def left_pad(prompts, pad: int = 0):
@@ -59,13 +59,12 @@ def test_every_row_equals_its_own_generate(family, eagle, kind, tree):
     pad = target.generation_config.pad_token_id
     curve = made_up_curve(0.1) if tree == "auto" else None
     gen = SpeculativeGenerator(target, family_drafters(family, eagle)[kind], tree=tree, cost_curve=curve)
-    for start in (0, BATCH):
-        prompts = family.prompts[start:start + BATCH]
-        ids, mask = left_pad(prompts, pad)
-        out = gen.generate(ids, attention_mask=mask, max_new_tokens=24)
-        assert_rows_equal_generate(target, out, prompts, ids, 24, pad)
-        assert out.stats.batch_passes >= max(s.target_forward_passes for s in out.rows)
-        assert out.stats.new_tokens == sum(s.new_tokens for s in out.rows)
+    prompts = family.prompts[:BATCH]
+    ids, mask = left_pad(prompts, pad)
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=24)
+    assert_rows_equal_generate(target, out, prompts, ids, 24, pad)
+    assert out.stats.batch_passes >= max(s.target_forward_passes for s in out.rows)
+    assert out.stats.new_tokens == sum(s.new_tokens for s in out.rows)
 
 
 def test_rows_stop_at_their_own_eos_and_honour_the_generation_config():
@@ -77,6 +76,9 @@ def test_rows_stop_at_their_own_eos_and_honour_the_generation_config():
                      {"eos_token_id": None, "no_repeat_ngram_size": 2, "min_new_tokens": 4}):
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=20, **settings)
         assert_rows_equal_generate(target, out, prompts, ids, 20, 0, **settings)
+    ones = [torch.tensor([[5]]), torch.tensor([[2]])]  # every row a single token: nothing to prefill
+    out = gen.generate(torch.cat(ones), max_new_tokens=12, eos_token_id=None)
+    assert_rows_equal_generate(target, out, ones, torch.cat(ones), 12, 0, eos_token_id=None)
     stopped = gen.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=6)
     assert min(s.new_tokens for s in stopped.rows) < 20  # the EOS case really stops a row early
 
