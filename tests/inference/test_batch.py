@@ -209,6 +209,20 @@ def test_one_width_is_chosen_for_the_whole_pass():
     assert cut.tree.is_chain and cut.tokens.tolist() == list(range(cut.tree.size))
 
 
+def test_typical_acceptance_runs_per_row_and_is_labelled_lossy(family):
+    target = family.target
+    pad = target.generation_config.pad_token_id
+    prompts = family.prompts[:3]
+    ids, mask = left_pad(prompts, pad)
+    gen = SpeculativeGenerator(target, family.heads, tree=None, acceptance="typical")
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=12, temperature=0.7,
+                       generator=torch.Generator().manual_seed(0))
+    assert out.stats.lossy and all(row.lossy for row in out.rows) and out.sequences.shape[0] == 3
+    greedy = gen.generate(ids, attention_mask=mask, max_new_tokens=12)  # greedy: typical plays no part, exact
+    assert not greedy.stats.lossy
+    assert_rows_equal_generate(target, greedy, prompts, ids, 12, pad)
+
+
 # --- sampling: exact per row ----------------------------------------------------------------------
 
 # the enumerated prompt in four rows, left-padded by 2 beside two longer prompts (padded by 1 and by 0)
