@@ -12,9 +12,27 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def write_slots(buffer: torch.Tensor | None, start: int, new: torch.Tensor, capacity: int = 0) -> torch.Tensor:
+    """Write ``new`` [B, H, n, D] into slots start .. start + n - 1 of ``buffer`` [B, H, C, D] (None: none yet) and
+    return the buffer: the same one, or, when it is too small or of another batch, a new one (doubled, at least
+    ``capacity`` slots) holding its first ``start`` slots. A KV cache that grows this way copies itself only when
+    it doubles, never on every append as ``torch.cat`` does."""
+    n = new.shape[2]
+    if buffer is None or buffer.shape[2] < start + n or buffer.shape[:2] != new.shape[:2]:
+        size = max(capacity, start + n, 2 * (buffer.shape[2] if buffer is not None else 0))
+        grown = new.new_empty(new.shape[0], new.shape[1], size, new.shape[3])
+        if buffer is not None and start:
+            grown[:, :, :start] = buffer[:, :, :start]
+        buffer = grown
+    buffer[:, :, start:start + n] = new
+    return buffer
+
+
 class DraftCache:
     """The drafter's own key/value cache (one layer): ``[B, Hkv, S, D]`` views of buffers that double when
     full (an append writes its new slots only, never copies the cache), cropped on roll-back."""
+
+    FIRST = 128  # slots of the first buffer
 
     def __init__(self):
         self._keys: torch.Tensor | None = None  # [B, Hkv, capacity, D]
@@ -33,16 +51,9 @@ class DraftCache:
         return self._length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        start, n = self._length, k.shape[2]
-        if self._keys is None or self._keys.shape[2] < start + n or self._keys.shape[:2] != k.shape[:2]:
-            size = max(start + n, 2 * (self._keys.shape[2] if self._keys is not None else 64))
-            keys, values = k.new_empty(*k.shape[:2], size, k.shape[3]), v.new_empty(*v.shape[:2], size, v.shape[3])
-            if start:
-                keys[:, :, :start], values[:, :, :start] = self._keys[:, :, :start], self._values[:, :, :start]
-            self._keys, self._values = keys, values
-        self._keys[:, :, start:start + n] = k
-        self._values[:, :, start:start + n] = v
-        self._length = start + n
+        self._keys = write_slots(self._keys, self._length, k, self.FIRST)
+        self._values = write_slots(self._values, self._length, v, self.FIRST)
+        self._length += k.shape[2]
         return self.keys, self.values
 
     def crop(self, length: int) -> None:

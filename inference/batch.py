@@ -23,6 +23,7 @@ second (``fit_widths``). So the trees narrow as the batch fills, down to plain b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -105,7 +106,6 @@ class Row:
     auto: object | None = None  # its AutoTree (tree="auto"), sharing the generator's calibration and cost
     features: torch.Tensor | None = None  # [n, F] features the drafter has not been shown yet
     ranked: tuple | None = None  # tree="auto": (this round's whole draft, its nodes best first, their E(k))
-    done: bool = False
 
 
 def propose_row(gen, row: Row, budget: int, sampling, generator) -> tuple[Draft, bool, float]:
@@ -223,7 +223,7 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
                    stats_type, profile: bool = False):
     """The batched loop behind ``SpeculativeGenerator.generate`` for B > 1 (see the module docstring).
 
-    ids, mask: [B, T] left-padded; setups: each row's GenerationSetup. Returns (sequences
+    ids, mask: [B, T] left-padded; setups: each row's GenerationSetup (it runs under generate's no_grad). Returns (sequences
     [B, T + longest], aggregate stats, per-row stats)."""
     device, b, t = gen.device, ids.shape[0], ids.shape[1]
     pad_to = gen.resolved_pad_to()
@@ -241,7 +241,7 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
     layers = gen.drafter.feature_layers
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda and (profile or auto is not None) else (lambda: None)
-    with torch.no_grad(), (FeatureCapture(gen.target, layers) if layers else _nothing()) as capture:
+    with FeatureCapture(gen.target, layers) if layers else contextlib.nullcontext() as capture:
         t0 = time.perf_counter()
         cache = new_cache(gen.target, capacity=t + max_new_tokens + CACHE_SLACK)
         valid, prompt_features = prefill_rows(gen.target, cache, ids, mask, capture)
@@ -335,9 +335,8 @@ def accept_rows(gen, live: list[Row], drafts: list[Draft], logits: torch.Tensor,
         flat = torch.cat([x for _, x in on_device]).tolist()
         at = 0
         for i, x in on_device:
-            leaf, nxt, *tokens = flat[at:at + x.shape[0]]
+            paths[i], news[i] = gen.greedy_result(drafts[i].tree, flat[at:at + x.shape[0]])
             at += x.shape[0]
-            paths[i], news[i] = gen.greedy_result(drafts[i].tree, leaf, nxt, tokens)
     return paths, news
 
 
@@ -357,8 +356,7 @@ def _advance(row: Row, draft: Draft, path: list[int], new: list[int], drafted: b
     stats.accepted_per_step.append(len(new))
     stats.draft_depth_per_step.append(draft.tree.depth)
     stats.verify_width_per_step.append(width)
-    row.done = hit or stats.new_tokens >= max_new_tokens
-    return row.done
+    return hit or stats.new_tokens >= max_new_tokens
 
 
 def cut_round(new: list[int], budget: int, eos: set[int]) -> tuple[list[int], bool]:
@@ -378,11 +376,3 @@ def _pad_token(target, setup: GenerationSetup) -> int:
     if isinstance(pad, (list, tuple)):
         pad = pad[0]
     return int(pad) if pad is not None else 0
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

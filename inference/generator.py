@@ -171,11 +171,15 @@ class SpeculativeGenerator:
         """
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 2 and (ids.shape[0] > 1 or attention_mask is not None):
-            batch = self._generate_batch(ids, attention_mask, max_new_tokens, temperature, top_k, top_p, generator,
-                                         streamer, generation_config, logits_processor, profile, generation_kwargs)
-            if batch is not None:
-                return batch
-            ids = ids[:, torch.as_tensor(attention_mask).to(ids.device)[0].bool()]  # one row: its padding dropped
+            from headway.inference.batch import check_batch
+
+            check_settings(max_new_tokens, temperature, top_k, top_p)  # a bad setting first, as for one prompt
+            pad = getattr(self.target.generation_config, "pad_token_id", None)
+            ids, mask = check_batch(ids, attention_mask, pad if isinstance(pad, int) else None)
+            if ids.shape[0] > 1:
+                return self._generate_batch(ids, mask, max_new_tokens, temperature, top_k, top_p, generator, streamer,
+                                            generation_config, logits_processor, profile, generation_kwargs)
+            ids = ids[:, mask[0].bool()]  # one row: its padding dropped
         prompt = check_generation(self.target.config, ids, max_new_tokens, temperature, top_k, top_p)
         prompt = prompt.to(self.device)
         max_new_tokens = self._fit_context(prompt.shape[0], max_new_tokens)
@@ -183,11 +187,7 @@ class SpeculativeGenerator:
         setup = prepare_generation(self.target, prompt, max_new_tokens, sampling is not None, generation_config,
                                    logits_processor, **generation_kwargs)
         processors, eos = setup.processors, setup.eos_token_ids
-        if generator is not None and generator.device.type != self.device.type:
-            raise ValueError(f"generator is on {generator.device} but the target is on {self.device}: "
-                             f"pass torch.Generator(device={str(self.device)!r})")
-        if generator is None and sampling is not None:
-            generator = torch.Generator(self.device).manual_seed(int(torch.randint(2**62, ())))
+        generator = self._random_source(generator, sampling)
         stats = GenerationStats(acceptance=self.acceptance,
                                 lossy=self.acceptance == "typical" and sampling is not None)
         auto = self._auto_controller()  # measures the cost curve on first use (before any hook is in place)
@@ -293,16 +293,11 @@ class SpeculativeGenerator:
             streamer.end()
         return SpeculativeOutput(seq[:length][None].clone(), stats)
 
-    def _generate_batch(self, ids, attention_mask, max_new_tokens, temperature, top_k, top_p, generator, streamer,
-                        generation_config, logits_processor, profile, generation_kwargs) -> SpeculativeOutput | None:
-        """A batch [B, T] (headway.inference.batch); None when it is one row (the caller drops its padding)."""
-        from headway.inference.batch import check_batch, generate_batch
+    def _generate_batch(self, ids, mask, max_new_tokens, temperature, top_k, top_p, generator, streamer,
+                        generation_config, logits_processor, profile, generation_kwargs) -> SpeculativeOutput:
+        """A checked batch [B, T] of B > 1 rows and its mask (headway.inference.batch)."""
+        from headway.inference.batch import generate_batch
 
-        check_settings(max_new_tokens, temperature, top_k, top_p)
-        pad = getattr(self.target.generation_config, "pad_token_id", None)
-        ids, mask = check_batch(ids, attention_mask, pad if isinstance(pad, int) else None)
-        if ids.shape[0] == 1:
-            return None
         if streamer is not None:
             raise ValueError(f"a streamer takes one sequence, as in transformers; got a batch of {ids.shape[0]}: "
                              "generate the rows one by one to stream them")
@@ -315,14 +310,19 @@ class SpeculativeGenerator:
         sampling = SamplingParams(temperature, top_k, top_p) if temperature > 0 else None
         setups = [prepare_generation(self.target, p.to(self.device), max_new_tokens, sampling is not None,
                                      generation_config, logits_processor, **generation_kwargs) for p in prompts]
+        sequences, stats, rows = generate_batch(self, ids.to(self.device), mask.to(self.device), max_new_tokens,
+                                                sampling, self._random_source(generator, sampling), setups,
+                                                GenerationStats, profile)
+        return SpeculativeOutput(sequences, stats, rows)
+
+    def _random_source(self, generator: torch.Generator | None, sampling) -> torch.Generator | None:
+        """The caller's generator (checked to be on the target's device), or a freshly seeded one when sampling."""
         if generator is not None and generator.device.type != self.device.type:
             raise ValueError(f"generator is on {generator.device} but the target is on {self.device}: "
                              f"pass torch.Generator(device={str(self.device)!r})")
         if generator is None and sampling is not None:
             generator = torch.Generator(self.device).manual_seed(int(torch.randint(2**62, ())))
-        sequences, stats, rows = generate_batch(self, ids.to(self.device), mask.to(self.device), max_new_tokens,
-                                                sampling, generator, setups, GenerationStats, profile)
-        return SpeculativeOutput(sequences, stats, rows)
+        return generator
 
     def resolved_pad_to(self) -> int:
         """``pad_to`` as given, else 4 (a CPU's 2-3 row GEMMs cost more than 4 rows), or 1 for packed linears."""
@@ -354,7 +354,7 @@ class SpeculativeGenerator:
         tree = draft.tree
         if sampling is None:  # on the device; the round's one read: the leaf, the bonus token and the draft's tokens
             leaf, bonus = verify_greedy_tensors(*tree.greedy_tensors(logits.device), draft.tokens, logits.argmax(-1))
-            return self.greedy_result(tree, *_split(torch.cat([torch.stack([leaf, bonus]), draft.tokens]).tolist()))
+            return self.greedy_result(tree, torch.cat([torch.stack([leaf, bonus]), draft.tokens]).tolist())
         tokens = draft.tokens.tolist()
         if self.acceptance == "typical":
             thr, alpha = self.typical
@@ -365,8 +365,10 @@ class SpeculativeGenerator:
         return path, [tokens[i] for i in path[1:]] + [nxt]
 
     @staticmethod
-    def greedy_result(tree: Tree, leaf: int, nxt: int, tokens: list[int]) -> tuple[list[int], list[int]]:
-        """(the path to the accepted ``leaf``, the new tokens: its draft tokens and the target's ``nxt``)."""
+    def greedy_result(tree: Tree, read: list[int]) -> tuple[list[int], list[int]]:
+        """read: [accepted leaf, the target's next token, *the draft's N tokens] -> (the path to the leaf, the new
+        tokens: the path's draft tokens and the next one)."""
+        leaf, nxt, tokens = read[0], read[1], read[2:]
         path = node_path(tree.parents, leaf)
         return path, [tokens[i] for i in path[1:]] + [nxt]
 
@@ -377,8 +379,3 @@ class SpeculativeGenerator:
                           f"({context}); generating at most {context - prompt_len} tokens", stacklevel=3)
             return context - prompt_len
         return max_new_tokens
-
-
-def _split(values: list[int]) -> tuple[int, int, list[int]]:
-    """[leaf, next token, *draft tokens] -> (leaf, next token, draft tokens)."""
-    return values[0], values[1], values[2:]

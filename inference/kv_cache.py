@@ -18,6 +18,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from headway.heads.eagle_layer import write_slots
+
 
 CACHE_SLACK = 64  # slots allocated beyond prompt + max_new_tokens: one verification pass's tree (wider ones grow it)
 
@@ -52,13 +54,9 @@ class BufferLayer(DynamicLayer):
                 and value.shape[:2] == buf.shape[:2] and value.shape[3] == buf.shape[3]:
             self._length[name] = value.shape[2]  # a view of the buffer's first slots (crop)
             return
-        b, h, n, d = value.shape  # a new tensor (another batch, a repack): copied into a buffer of its shape
-        if buf is None or buf.shape[:2] != value.shape[:2] or buf.shape[3] != d or buf.dtype != value.dtype \
-                or buf.shape[2] < n:
-            buf = value.new_empty(b, h, max(self.capacity, n), d)
-            self._buf[name] = buf
-        buf[:, :, :n] = value
-        self._length[name] = n
+        # a new tensor (another batch, a repack): copied into the buffer, or a new one of its batch
+        self._buf[name] = write_slots(buf, 0, value, self.capacity)
+        self._length[name] = value.shape[2]
 
     keys = property(lambda self: self._view("keys"), lambda self, v: self._assign("keys", v))
     values = property(lambda self: self._view("values"), lambda self, v: self._assign("values", v))
@@ -67,17 +65,10 @@ class BufferLayer(DynamicLayer):
         """Write the forward's new keys/values ([B, Hkv, n, D]) after the cached ones; returns the views."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start, n = self._length["keys"], key_states.shape[2]
+        start = self._length["keys"]
         for name, new in (("keys", key_states), ("values", value_states)):
-            buf = self._buf[name]
-            if buf is None or buf.shape[2] < start + n or buf.shape[:2] != new.shape[:2]:
-                size = max(self.capacity, start + n, 2 * (buf.shape[2] if buf is not None else 0))
-                grown = new.new_empty(new.shape[0], new.shape[1], size, new.shape[3])
-                if buf is not None and start:
-                    grown[:, :, :start] = buf[:, :, :start]
-                self._buf[name] = buf = grown
-            buf[:, :, start:start + n] = new
-            self._length[name] = start + n
+            self._buf[name] = write_slots(self._buf[name], start, new, self.capacity)
+            self._length[name] = start + new.shape[2]
         return self.keys, self.values
 
 
