@@ -108,7 +108,7 @@ class EagleProposer(Proposer):
         h = head.extend(ids, head.input_hidden(ctx.features)[None], positions, self._cache)  # [1, 1, H]
         self._seen = length - 1
         root_h = h[0, -1]  # predicted feature after the root
-        root_logits = head.logits(root_h)  # [V']
+        root_logits = few_rows_linear(*head.projection(root_h))  # [V'] (the same product as head.logits)
         tree = self.default_tree() if ctx.tree is None else ctx.tree
         hidden = {0: root_h}  # node -> its output h' (what its children read)
 

@@ -61,6 +61,14 @@ class BufferLayer(DynamicLayer):
     keys = property(lambda self: self._view("keys"), lambda self, v: self._assign("keys", v))
     values = property(lambda self: self._view("values"), lambda self, v: self._assign("values", v))
 
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' ``crop`` (a negative count of slots to drop) as two lengths moved: no views made."""
+        if tokens_to_remove < 0 and self._buf["keys"] is not None and self._buf["values"] is not None:
+            for name in ("keys", "values"):
+                self._length[name] = max(0, self._length[name] + tokens_to_remove)
+            return
+        super().crop(tokens_to_remove)
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write the forward's new keys/values ([B, Hkv, n, D]) after the cached ones; returns the views."""
         if not self.is_initialized:

@@ -87,6 +87,27 @@ def test_buffer_layers_are_written_in_place_and_act_as_dynamic_layers(family_mod
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+def test_buffer_layer_crop_moves_its_lengths_as_a_dynamic_layer_crops(tiny_llama):
+    """crop(-n) keeps the buffer and drops n slots (all of them when n is past the length), as DynamicLayer's
+    slicing does; crop(0) changes nothing and a positive count is refused as transformers refuses it."""
+    model, _ = tiny_llama
+    ids = torch.arange(3, 13)[None]
+    caches = [DynamicCache(config=model.config), new_cache(model, capacity=32)]
+    with torch.no_grad():
+        for cache in caches:
+            model(input_ids=ids, cache=cache, use_cache=True)
+    layer, plain = caches[1].layers[0], caches[0].layers[0]
+    storage = layer._buf["values"].data_ptr()
+    for n in (0, -4, -100):
+        for cache in caches:
+            cache.crop(n)
+        assert layer.keys.shape == plain.keys.shape and layer.values.shape == plain.values.shape
+        assert torch.equal(layer.keys, plain.keys) and torch.equal(layer.values, plain.values)
+    assert layer._buf["values"].data_ptr() == storage
+    with pytest.raises(ValueError, match="positive"):
+        layer.crop(2)
+
+
 @pytest.mark.parametrize("keep", [[0, 2, 5], [1, 3], [0, 1, 2], [0, 1, 2, 3, 4, 5]])
 def test_compact_cache_keeps_exactly_the_kept_entries(tiny_llama, keep):
     """After the first 4 entries only the entries at offsets ``keep`` of the 6 written stay, in order."""
