@@ -59,6 +59,23 @@ class DraftCache:
     def crop(self, length: int) -> None:
         self._length = min(self._length, length)
 
+    @classmethod
+    def stacked(cls, caches: list["DraftCache"], room: int = 0) -> tuple["DraftCache", torch.Tensor]:
+        """One cache of B = len(caches) rows holding each one-row cache's entries in its row's first slots
+        (room for ``room`` more per row), and valid [B, S] bool: the slots a row's entries fill (S the
+        longest; the rest of a shorter row must be masked out). Every cache holds at least one entry."""
+        lengths = [len(c) for c in caches]
+        s, like = max(lengths), caches[lengths.index(max(lengths))]._keys  # [1, Hkv, C, D]
+        out = cls()
+        for name in ("_keys", "_values"):
+            buf = like.new_zeros(len(caches), like.shape[1], s + room, like.shape[3])
+            for row, (cache, n) in enumerate(zip(caches, lengths)):
+                buf[row, :, :n] = getattr(cache, name)[0, :, :n]
+            setattr(out, name, buf)
+        out._length = s
+        valid = torch.arange(s, device=like.device)[None] < torch.tensor(lengths, device=like.device)[:, None]
+        return out, valid
+
 
 def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     # [B, Hkv, S, D] -> [B, Hkv * groups, S, D]

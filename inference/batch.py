@@ -2,8 +2,10 @@
 
 Prompts come as transformers' ``generate`` takes them: ``input_ids [B, T]`` left-padded with an
 ``attention_mask [B, T]``. Each row keeps its own drafter (``Proposer.fork``: shared weights, its own
-state), its own context, accepted length and stopping; a round drafts a tree per row, pads them to
-one width W and runs the target once over [B, W] with a 4D mask per row: row r's nodes see the
+state), its own context, accepted length and stopping; a round drafts a tree per row (side by side:
+the rows' model steps of one drafter run as one pass, ``Proposer.propose_steps``; an EAGLE head runs
+each level of every row's tree at once over its rows' stacked caches, Medusa heads all rows' states),
+pads them to one width W and runs the target once over [B, W] with a 4D mask per row: row r's nodes see the
 cache slots that hold row r's tokens and their own ancestors. The target's cache is one
 ``DynamicCache`` of B rows whose slots need not line up: a row that accepted fewer tokens than the
 longest leaves masked-out holes (``valid``), squeezed out now and then (``repack_rows``). A row's
@@ -33,7 +35,7 @@ from headway.heads.target.features import FeatureCapture
 from headway.inference.auto import prune
 from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, repack_rows
 from headway.inference.processors import GenerationSetup, apply_processors
-from headway.inference.proposer import Draft, DraftContext, Proposer, root_draft
+from headway.inference.proposer import Draft, DraftContext, Proposer, root_draft, run_rows
 from headway.inference.target_forward import padded_tree_tensors, prefill, verify_width
 from headway.inference.verify import verify_greedy_tensors
 
@@ -108,26 +110,42 @@ class Row:
     ranked: tuple | None = None  # tree="auto": (this round's whole draft, its nodes best first, their E(k))
 
 
-def propose_row(gen, row: Row, budget: int, sampling, generator) -> tuple[Draft, bool, float]:
-    """(the row's draft, whether it drafted at all, seconds) this round, as the single-row loop drafts."""
+def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator) -> tuple[list[Draft], list[bool]]:
+    """Each row's draft this round and whether it drafted at all, as the single-row loop drafts. The rows
+    that draft run side by side (``run_rows``): their drafters' model steps of one kind run in one pass
+    (EAGLE: each tree level of every row through the head at once). Each row is charged an equal share of
+    the drafting time."""
     t0 = time.perf_counter()
-    drafted = row.auto is None or row.auto.should_draft(row.proposer.gated)
-    row.ranked = None
-    if not drafted:
-        return root_draft(row.seq[:row.length]), False, 0.0
-    ctx = DraftContext(row.seq[:row.length], row.features, gen.tree, budget - 1, sampling, generator,
-                       gate=row.auto.gate if row.auto is not None else None, host_tokens=row.host)
-    draft = row.proposer.propose(ctx)
-    seconds = time.perf_counter() - t0
-    if row.auto is not None:
-        full = dataclasses.replace(draft, scores=draft.score_list())
-        draft = row.auto.select(full, row.length, seconds)
-        row.ranked = (full, *row.auto.ranked)
-        row.stats.time_control += time.perf_counter() - t0 - seconds
-    if draft.tokens.shape[0] != draft.tree.size:
-        raise RuntimeError(f"{type(row.proposer).__name__} returned {draft.tokens.shape[0]} tokens "
-                           f"for a tree of {draft.tree.size} nodes")
-    return draft, True, seconds
+    drafted, steps = [], []
+    for row in live:
+        did = row.auto is None or row.auto.should_draft(row.proposer.gated)
+        row.ranked = None
+        drafted.append(did)
+        if did:
+            ctx = DraftContext(row.seq[:row.length], row.features, gen.tree, max_new_tokens - row.stats.new_tokens - 1,
+                               sampling, generator, gate=row.auto.gate if row.auto is not None else None,
+                               host_tokens=row.host)
+            steps.append(row.proposer.propose_steps(ctx))
+    made = iter(run_rows(steps))
+    seconds = (time.perf_counter() - t0) / max(1, len(steps))
+    drafts = []
+    for row, did in zip(live, drafted):
+        if not did:
+            drafts.append(root_draft(row.seq[:row.length]))
+            continue
+        draft = next(made)
+        row.stats.time_draft += seconds
+        if row.auto is not None:
+            tc = time.perf_counter()
+            full = dataclasses.replace(draft, scores=draft.score_list())
+            draft = row.auto.select(full, row.length, seconds)
+            row.ranked = (full, *row.auto.ranked)
+            row.stats.time_control += time.perf_counter() - tc
+        if draft.tokens.shape[0] != draft.tree.size:
+            raise RuntimeError(f"{type(row.proposer).__name__} returned {draft.tokens.shape[0]} tokens "
+                               f"for a tree of {draft.tree.size} nodes")
+        drafts.append(draft)
+    return drafts, drafted
 
 
 def fit_widths(live: list[Row], drafts: list[Draft], cost: BatchCost, pad_to: int, prefix_len: int) -> list[Draft]:
@@ -253,12 +271,7 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
             t0 = time.perf_counter()
             if cost is not None:
                 cost.rows = len(live)
-            drafts, drafted = [], []
-            for row in live:
-                draft, did, seconds = propose_row(gen, row, max_new_tokens - row.stats.new_tokens, sampling, generator)
-                drafts.append(draft)
-                drafted.append(did)
-                row.stats.time_draft += seconds
+            drafts, drafted = propose_rows(gen, live, max_new_tokens, sampling, generator)
             if cost is not None:
                 drafts = fit_widths(live, drafts, cost, pad_to, valid.shape[1])
             tokens, positions, attn, width = batch_inputs(drafts, [row.length for row in live], valid, pad_to,

@@ -15,13 +15,15 @@ EAGLE-2 dynamic settings ``{"depth", "top_k", "total_tokens"}`` (the default).
 
 from __future__ import annotations
 
+from typing import Generator
+
 import torch
 
 from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
-from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
-from headway.inference.expand import (DynamicTree, Expansion, additive_mask, expand_dynamic, expand_dynamic_tensors,
-                                      expand_static, feed_mask)
+from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone
+from headway.inference.expand import (DynamicTree, additive_mask, expand_dynamic_tensors, feed_block, grow_dynamic,
+                                      grow_static)
 from headway.inference.tree import Tree
 
 # EAGLE-2's settings scaled to a CPU, where a verification of 8 tokens costs ~1.8-2 plain steps (~1.75 on
@@ -92,36 +94,70 @@ class EagleProposer(Proposer):
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
+        tree = self.default_tree() if ctx.tree is None else ctx.tree
+        tensor_rounds = self.tensor_rounds if self.tensor_rounds is not None else self._device.type == "cuda"
+        if isinstance(tree, DynamicTree) and tensor_rounds:
+            return self._propose_tensors(ctx, tree)
+        return run_alone(self.propose_steps(ctx))
+
+    def _catch_up(self, ctx: DraftContext) -> torch.Tensor | None:
+        """Feed the positions whose features are new to the draft cache; the root's output h' [H] (the
+        predicted feature after the root), or None when there is no feature yet (a one-token prompt)."""
         head, length = self.head, ctx.tokens.shape[0]
         new = 0 if ctx.features is None else ctx.features.shape[0]
         if self._seen + new != length - 1:
             raise RuntimeError(f"EAGLE drafter saw features of {self._seen} positions and got {new} more, "
                                f"but the context has {length - 1} before the root")
         if new == 0:
-            return root_only(ctx)  # a one-token prompt: no feature yet
+            return None
         self._cache.crop(self._seen)  # drop the previous round's tree entries
-        device = self._device
         ids = ctx.tokens[self._seen + 1:length][None]  # [1, n]: x[j+1] paired with f[j]
-        positions = torch.arange(self._seen, length - 1, device=device)[None]
+        positions = torch.arange(self._seen, length - 1, device=self._device)[None]
         # only the last position's output is read: the others just write their keys/values (a long prompt's
         # catch-up costs a quarter of the full layer over it)
         h = head.extend(ids, head.input_hidden(ctx.features)[None], positions, self._cache)  # [1, 1, H]
         self._seen = length - 1
-        root_h = h[0, -1]  # predicted feature after the root
-        root_logits = few_rows_linear(*head.projection(root_h))  # [V'] (the same product as head.logits)
+        return h[0, -1]
+
+    @torch.no_grad()
+    def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
+        """The static tree or the host version of a dynamic one, each model step a request (``Project``,
+        ``Feed``) that a batch runs with its other rows' (``StackedRows``)."""
+        root_h = self._catch_up(ctx)
         tree = self.default_tree() if ctx.tree is None else ctx.tree
+        if not isinstance(tree, DynamicTree):
+            tree = tree.truncate(ctx.max_depth)
+        if root_h is None or (isinstance(tree, Tree) and tree.size == 1):
+            return root_only(ctx)
+        head, device, length = self.head, self._device, ctx.tokens.shape[0]
+        root_logits = (yield Project(head, root_h[None]))[0]  # [V']
+        if isinstance(tree, DynamicTree):
+            growth = grow_dynamic(tree, ctx.max_depth, ctx.root_token, root_logits, head.to_target_ids)
+        else:
+            growth = grow_static(tree, ctx.root_token, root_logits, ctx.sampling, ctx.generator, head.to_target_ids,
+                                 self._widen)
         hidden = {0: root_h}  # node -> its output h' (what its children read)
+        try:
+            exp, nodes = next(growth)
+            while True:
+                request = Feed(self, exp.token_ids(nodes, device), exp.node_depths(nodes, device) + (length - 2),
+                               torch.stack([hidden[exp.parents[n]] for n in nodes]), feed_block(exp, nodes, device))
+                out, logits = yield request  # [R, H], [R, V']
+                for r, n in enumerate(nodes):
+                    hidden[n] = out[r]
+                exp, nodes = growth.send(logits)
+        except StopIteration as done:
+            draft = done.value
+        self._cache.crop(self._seen)
+        return draft
 
-        def feed(exp: Expansion, nodes: list[int]) -> torch.Tensor:
-            mask = feed_mask(exp, nodes, self._seen, root_h.dtype, device)  # [1, 1, R, seen + F + R]
-            tok = exp.token_ids(nodes, device)[None]
-            pos = exp.node_depths(nodes, device)[None] + (length - 2)
-            hid = torch.stack([hidden[exp.parents[n]] for n in nodes])[None]  # [1, R, H]
-            out = head(tok, hid, pos, attention_mask=mask, cache=self._cache)[0]  # [R, H]
-            for r, n in enumerate(nodes):
-                hidden[n] = out[r]
-            return few_rows_linear(*head.projection(out))  # [R, V']
-
+    def _propose_tensors(self, ctx: DraftContext, tree: DynamicTree) -> Draft:
+        """A dynamic tree grown with tensor ops (``expand_dynamic_tensors``: one read)."""
+        root_h = self._catch_up(ctx)
+        if root_h is None:
+            return root_only(ctx)
+        head, device, length = self.head, self._device, ctx.tokens.shape[0]
+        root_logits = few_rows_linear(*head.projection(root_h))  # [V'] (the same product as head.logits)
         last = [root_h[None]]  # the previous feed's outputs [R, H] (the root's first), for rows_feed
 
         def rows_feed(tokens: torch.Tensor, parent_rows: torch.Tensor, depth: int, allowed: torch.Tensor):
@@ -132,17 +168,95 @@ class EagleProposer(Proposer):
             last[0] = head(tokens[None], hid[None], pos, attention_mask=mask, cache=self._cache)[0]  # [R, H]
             return few_rows_linear(*head.projection(last[0]))  # [R, V']
 
-        to_target = head.to_target_ids
-        tensor_rounds = self.tensor_rounds if self.tensor_rounds is not None else device.type == "cuda"
-        if isinstance(tree, DynamicTree) and tensor_rounds:
-            draft = expand_dynamic_tensors(tree, ctx.max_depth, ctx.root_token, root_logits, rows_feed, to_target)
-        elif isinstance(tree, DynamicTree):
-            draft = expand_dynamic(tree, ctx.max_depth, ctx.root_token, root_logits, feed, to_target)
-        else:
-            tree = tree.truncate(ctx.max_depth)
-            if tree.size == 1:
-                return root_only(ctx)
-            draft = expand_static(tree, ctx.root_token, root_logits, feed, ctx.sampling, ctx.generator,
-                                  to_target, self._widen)
+        draft = expand_dynamic_tensors(tree, ctx.max_depth, ctx.root_token, root_logits, rows_feed, head.to_target_ids)
         self._cache.crop(self._seen)
         return draft
+
+
+class Project(DraftRequest):
+    """The vocabulary projection of h [R, H] -> logits [R, V']; a batch's rows' in one product."""
+
+    def __init__(self, head: EagleHead, h: torch.Tensor):
+        self.key, self.h = head, h
+
+    def run(self) -> torch.Tensor:
+        return few_rows_linear(*self.key.projection(self.h))
+
+    @classmethod
+    def run_together(cls, requests: list["Project"], state: dict) -> list[torch.Tensor]:
+        h = torch.cat([r.h for r in requests])  # [sum R, H]
+        return list(few_rows_linear(*requests[0].key.projection(h)).split([r.h.shape[0] for r in requests]))
+
+
+class Feed(DraftRequest):
+    """One level of a row's tree through the head: tokens [R] long at positions [R] long, each reading its
+    parent's output hidden [R, H], seeing the row's context, its fed ancestors and itself (blocked [R, F + R]
+    bool: True where it must not look, over the row's fed nodes in feed order and these). Result: (the
+    outputs h' [R, H], their logits [R, V'])."""
+
+    def __init__(self, proposer: EagleProposer, tokens, positions, hidden, blocked):
+        self.key, self.proposer = proposer.head, proposer
+        self.tokens, self.positions, self.hidden, self.blocked = tokens, positions, hidden, blocked
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        p, head = self.proposer, self.proposer.head
+        mask = additive_mask(self.blocked, p._seen, self.hidden.dtype)  # [1, 1, R, seen + F + R]
+        out = head(self.tokens[None], self.hidden[None], self.positions[None], attention_mask=mask,
+                   cache=p._cache)[0]  # [R, H]
+        return out, few_rows_linear(*head.projection(out))
+
+    @classmethod
+    def run_together(cls, requests: list["Feed"], state: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        rows = state.get((cls, requests[0].key))
+        if rows is None and len(requests) > 1:  # the round's first level: the rows that draft with this head
+            rows = state[(cls, requests[0].key)] = StackedRows([r.proposer for r in requests])
+        if rows is None or any(id(r.proposer) not in rows.index for r in requests):
+            return [r.run() for r in requests]
+        return rows.feed(requests)
+
+
+class StackedRows:
+    """One round's tree levels of several rows of a batch through one head, in one forward per level: the
+    rows' draft caches stacked into one of B rows (``DraftCache.stacked``; a row's own cache is left as it
+    was, holding only context), each level's nodes padded to the widest row's R. Row b's nodes see the
+    slots of its own context, its own fed ancestors and themselves; a padding node sees only itself."""
+
+    def __init__(self, proposers: list[EagleProposer]):
+        self.head = proposers[0].head
+        self.index = {id(p): b for b, p in enumerate(proposers)}
+        self.cache, valid = DraftCache.stacked([p._cache for p in proposers], room=64)
+        self.prefix = additive_mask(~valid, 0, self.head_dtype())[0, 0]  # [B, S]
+        self.columns: list[list[int]] = [[] for _ in proposers]  # each row's fed nodes' cache slots, feed order
+        self.fed = 0  # tree slots appended so far (every row's, padding included)
+
+    def head_dtype(self) -> torch.dtype:
+        return next(self.head.parameters()).dtype
+
+    def feed(self, requests: list[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        b, (s, f) = len(self.columns), (self.prefix.shape[1], self.fed)
+        width, dtype = max(r.tokens.shape[0] for r in requests), self.prefix.dtype
+        device = self.prefix.device
+        mask = torch.full((b, 1, width, s + f + width), torch.finfo(dtype).min, dtype=dtype, device=device)
+        mask[:, 0, :, :s] = self.prefix[:, None]
+        j = torch.arange(width, device=device)
+        mask[:, 0, j, s + f + j] = 0.0  # every node sees itself (a padding node nothing else)
+        tokens = torch.zeros(b, width, dtype=torch.long, device=device)
+        positions = torch.zeros(b, width, dtype=torch.long, device=device)
+        hidden = requests[0].hidden.new_zeros(b, width, requests[0].hidden.shape[-1])
+        at = []
+        for r in requests:
+            row, n = self.index[id(r.proposer)], r.tokens.shape[0]
+            cols = self.columns[row] + list(range(s + f, s + f + n))  # the row's fed nodes, then these
+            if r.blocked.shape != (n, len(cols)):
+                raise RuntimeError(f"a feed of {n} nodes after {len(self.columns[row])} masks {tuple(r.blocked.shape)}")
+            block = additive_mask(r.blocked, 0, dtype)[0, 0]  # [n, F_row + n]
+            mask[row, 0, :n].index_copy_(1, torch.tensor(cols, device=device), block)
+            tokens[row, :n], positions[row, :n], hidden[row, :n] = r.tokens, r.positions, r.hidden
+            self.columns[row] = cols
+            at.append((row, n))
+        self.fed += width
+        out = self.head(tokens, hidden, positions, attention_mask=mask, cache=self.cache)  # [B, W, H]
+        real = torch.cat([out[row, :n] for row, n in at])  # [sum R, H]
+        logits = few_rows_linear(*self.head.projection(real))
+        sizes = [n for _, n in at]
+        return list(zip(real.split(sizes), logits.split(sizes)))

@@ -3,7 +3,9 @@
 A drafter supplies one callable, ``feed(exp, nodes) -> logits [R, V']``: run its model on the
 tokens of ``nodes`` (each attending to the context, its ancestors among the nodes fed so far and
 itself; ``feed_mask`` builds that mask) and return the logits of the next token after each. The
-expansion decides which nodes to grow:
+expansion decides which nodes to grow. Each is a generator (``grow_*``) that yields the nodes it needs
+fed and is sent their logits, so a batch can feed its rows' levels in one pass
+(``Proposer.propose_steps``; EAGLE's ``StackedRows``); ``expand_*`` runs one with a feed (``drive``):
 
 - ``expand_static``: a fixed tree (paths of top-k ranks). Greedy takes the rank-r candidate;
   sampling draws the children without replacement from the drafter's processed distribution q
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, NamedTuple
+from typing import Callable, Generator, NamedTuple
 
 import torch
 
@@ -114,14 +116,18 @@ def feed_mask(exp: Expansion, nodes: list[int], prefix: int, dtype: torch.dtype,
     """Additive mask [1, 1, R, prefix + F + R] for feeding ``nodes`` after ``prefix`` cached context
     entries and the F nodes already fed: each row sees the context, its fed ancestors and itself.
     A static tree's block over the fed nodes is built once per level (its feeds never change)."""
-    def blocked() -> torch.Tensor:  # [R, F + R] bool: True where a row must not look
+    return additive_mask(feed_block(exp, nodes, device), prefix, dtype)
+
+
+def feed_block(exp: Expansion, nodes: list[int], device) -> torch.Tensor:
+    """[R, F + R] bool: True where a row of ``nodes`` must not look among the F nodes already fed (in feed
+    order) and ``nodes`` (it sees its fed ancestors and itself); memoised per level of a static tree."""
+    def blocked() -> torch.Tensor:
         cols = exp.fed + nodes
         rows = [[m not in anc for m in cols] for anc in map(exp.ancestors, nodes)]
         return torch.tensor(rows, dtype=torch.bool, device=device)
 
-    block = blocked() if exp.tree is None else \
-        exp.tree.cached(("feed", len(exp.fed), tuple(nodes), str(device)), blocked)
-    return additive_mask(block, prefix, dtype)
+    return blocked() if exp.tree is None else exp.tree.cached(("feed", len(exp.fed), tuple(nodes), str(device)), blocked)
 
 
 def additive_mask(blocked: torch.Tensor, prefix: int, dtype: torch.dtype) -> torch.Tensor:
@@ -133,8 +139,23 @@ def additive_mask(blocked: torch.Tensor, prefix: int, dtype: torch.dtype) -> tor
     return mask
 
 
-def _run_feed(feed: Feed, exp: Expansion, nodes: list[int]) -> torch.Tensor:
-    logits = feed(exp, nodes)  # [R, V']
+# A growth: a generator that yields (exp, nodes) each time it needs ``nodes`` fed, is sent their logits
+# [R, V'], and returns the Draft (``drive`` runs one with a feed; a batch runs its rows' side by side)
+Growth = Generator[tuple[Expansion, list[int]], torch.Tensor, Draft]
+
+
+def drive(growth: Growth, feed: Feed) -> Draft:
+    """Run ``growth`` to its Draft, each of its feeds by ``feed``."""
+    try:
+        exp, nodes = next(growth)
+        while True:
+            exp, nodes = growth.send(feed(exp, nodes))
+    except StopIteration as done:
+        return done.value
+
+
+def _fed(exp: Expansion, nodes: list[int]) -> Generator[tuple[Expansion, list[int]], torch.Tensor, torch.Tensor]:
+    logits = yield exp, nodes  # [R, V']
     exp.fed += nodes
     return logits
 
@@ -143,6 +164,13 @@ def expand_static(tree: Tree, root_token: int, root_logits: torch.Tensor, feed: 
                   sampling: SamplingParams | None, generator: torch.Generator | None,
                   to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
                   widen: Callable[[torch.Tensor], torch.Tensor] = lambda q: q) -> Draft:
+    """``grow_static`` with its feeds run by ``feed``."""
+    return drive(grow_static(tree, root_token, root_logits, sampling, generator, to_target, widen), feed)
+
+
+def grow_static(tree: Tree, root_token: int, root_logits: torch.Tensor, sampling: SamplingParams | None,
+                generator: torch.Generator | None, to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+                widen: Callable[[torch.Tensor], torch.Tensor] = lambda q: q) -> Growth:
     """Fill ``tree`` level by level. root_logits: [V'] the drafter's logits after the root.
 
     ``to_target`` maps indices of the drafter's logits to target token ids, ``widen`` a [V']
@@ -166,7 +194,7 @@ def expand_static(tree: Tree, root_token: int, root_logits: torch.Tensor, feed: 
             for row, node in enumerate(level.frontier):
                 q[node] = widen(dist[row])
         if level.grow:
-            logits = _run_feed(feed, exp, level.grow)
+            logits = yield from _fed(exp, level.grow)
     return Draft(tree, tokens, q if sampling is not None else None, scores=scores)
 
 
@@ -206,6 +234,12 @@ def static_levels(tree: Tree, device) -> list[Level]:
 
 def expand_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_logits: torch.Tensor, feed: Feed,
                    to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> Draft:
+    """``grow_dynamic`` with its feeds run by ``feed``."""
+    return drive(grow_dynamic(settings, max_depth, root_token, root_logits, to_target), feed)
+
+
+def grow_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_logits: torch.Tensor,
+                 to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> Growth:
     """EAGLE-2's dynamic tree: grow ``settings.depth`` levels (at most ``max_depth``), expanding the
     ``top_k`` best nodes of each level by cumulative log-probability, then keep the
     ``total_tokens`` best of all candidates (a child never scores above its parent, so the kept set
@@ -240,7 +274,7 @@ def expand_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_
             if not frontier:
                 break
         frontier.sort()
-        logits = _run_feed(feed, exp, frontier)
+        logits = yield from _fed(exp, frontier)
     keep = sorted(range(1, len(exp.parents)), key=lambda n: (-score[n], exp.depths[n], n))[:total]
     return kept_draft(settings, keep, exp.parents, exp.tokens, score, exp.depths, root_logits.device)
 

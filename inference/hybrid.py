@@ -24,10 +24,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from typing import Generator
 
 import torch
 
-from headway.inference.proposer import Draft, DraftContext, Proposer
+from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, run_alone
 from headway.inference.tree import Tree
 
 
@@ -80,6 +81,13 @@ class HybridProposer(Proposer):
         return clone
 
     def propose(self, ctx: DraftContext) -> Draft:
+        return run_alone(self._propose(ctx, rows=False))
+
+    def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
+        """A batch's row: the model drafter's steps run with the other rows' (its ``propose_steps``)."""
+        return (yield from self._propose(ctx, rows=True))
+
+    def _propose(self, ctx: DraftContext, rows: bool) -> Generator[DraftRequest, object, Draft]:
         primary, ids = self.drafters[0], list(range(len(self.drafters)))
         features = ctx.features
         if primary.feature_layers and self._pending is not None:
@@ -94,7 +102,8 @@ class HybridProposer(Proposer):
                 self._pending = features if primary.feature_layers else None  # the primary reads them next time
                 return retrieval
         self._pending = None
-        drafts = [primary.propose(dataclasses.replace(ctx, features=features if primary.feature_layers else None))]
+        own = dataclasses.replace(ctx, features=features if primary.feature_layers else None)
+        drafts = [(yield from primary.propose_steps(own)) if rows else primary.propose(own)]
         drafts += others
         if any(d.q is not None for d in drafts):  # sampled candidates: one drafter's tree this round
             return next((d for d in drafts if d.tree.size > 1), drafts[0])

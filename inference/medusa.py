@@ -9,11 +9,13 @@ reorder), so verification treats each as a one-hot draft: lossless.
 
 from __future__ import annotations
 
+from typing import Generator
+
 import torch
 
 from headway.heads.target.features import num_layers
 from headway.heads.medusa import MedusaHeads
-from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
+from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone
 from headway.inference.tree import Tree, load_tree, node_path
 
 DEFAULT_TREE = "tree-15"
@@ -49,13 +51,18 @@ class MedusaProposer(Proposer):
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
+        return run_alone(self.propose_steps(ctx))
+
+    @torch.no_grad()
+    def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
+        """The heads' logits are one request (``HeadLogits``): a batch's rows' in one pass."""
         tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(ctx.max_depth)
         if ctx.features is None or ctx.features.shape[0] == 0 or tree.size == 1:
             return root_only(ctx)
         depth, k = tree.depth, tree.top_k
         dtype = next(self.heads.parameters()).dtype
         hidden = ctx.features[-1].to(dtype)  # [H]: the final-norm state that predicted the root
-        logits = torch.stack([self.heads.head_logits(hidden, d) for d in range(depth)])  # [D, V]
+        logits = yield HeadLogits(self.heads, hidden, depth)  # [D, V]
         best = logits.float().softmax(-1).topk(k, dim=-1)  # [D, k]: each head's k most likely tokens
         top = self.heads.to_target_ids(best.indices.reshape(-1))  # [D * k] target ids
         index = _flat_index(tree, k, top.device)  # [N - 1]
@@ -64,6 +71,24 @@ class MedusaProposer(Proposer):
         own = torch.cat([best.values.new_ones(1), best.values.reshape(-1)[index], best.values.new_ones(1)])  # [N + 1]
         scores = own[_path_table(tree, top.device)].prod(-1)  # [N]
         return Draft(tree, tokens, scores=scores)
+
+
+class HeadLogits(DraftRequest):
+    """The first ``depth`` heads' logits [D, V'] after the final-norm state ``hidden`` [H]; a batch's rows'
+    through each head at once."""
+
+    def __init__(self, heads: MedusaHeads, hidden: torch.Tensor, depth: int):
+        self.key, self.hidden, self.depth = heads, hidden, depth
+
+    def run(self) -> torch.Tensor:
+        return torch.stack([self.key.head_logits(self.hidden, d) for d in range(self.depth)])
+
+    @classmethod
+    def run_together(cls, requests: list["HeadLogits"], state: dict) -> list[torch.Tensor]:
+        hidden = torch.stack([r.hidden for r in requests])  # [B, H]
+        depth = max(r.depth for r in requests)
+        logits = torch.stack([requests[0].key.head_logits(hidden, d) for d in range(depth)], 1)  # [B, D, V']
+        return [row[:r.depth] for row, r in zip(logits, requests)]
 
 
 def _flat_index(tree: Tree, k: int, device) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import Generator
 
 import torch
 
@@ -105,11 +106,73 @@ class Proposer:
     def propose(self, ctx: DraftContext) -> Draft:
         raise NotImplementedError
 
+    def propose_steps(self, ctx: DraftContext) -> Generator["DraftRequest", object, Draft]:
+        """``propose`` for a row of a batch, as a generator: it yields the model steps it needs run
+        (``DraftRequest``s), is sent each one's result and returns the Draft, so the batch runs the
+        rows' steps of one drafter together (``run_rows``). The default yields none: ``propose``."""
+        return self.propose(ctx)
+        yield  # a generator (never reached)
+
     def propose_first(self, ctx: DraftContext) -> Draft:
         """The first round's draft, proposed before the target has run on the prompt (its pass runs the
         prompt and this tree at once): a drafter that reads no target features drafts as usual; one that
         does has none yet and proposes nothing (the pass then yields one token, as generate's prefill)."""
         return root_only(ctx) if self.feature_layers else self.propose(ctx)
+
+
+class DraftRequest:
+    """A model step a drafter's ``propose_steps`` asks for. Requests of one ``kind`` with equal ``key`` (say,
+    the same drafter module) may run together: ``run_together`` takes them, one per row, and the round's
+    ``state`` (a dict that lives for one ``run_rows``, for what the rows' steps share), and returns their
+    results in order; ``run`` runs one alone."""
+
+    key: object = None
+
+    def run(self):
+        raise NotImplementedError
+
+    @classmethod
+    def run_together(cls, requests: list["DraftRequest"], state: dict) -> list:
+        return [r.run() for r in requests]
+
+
+def run_alone(steps: Generator[DraftRequest, object, Draft]) -> Draft:
+    """Run a ``propose_steps`` generator to its Draft, each request alone."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(request.run())
+    except StopIteration as done:
+        return done.value
+
+
+def run_rows(steps: list[Generator[DraftRequest, object, Draft]]) -> list[Draft]:
+    """Run the rows' ``propose_steps`` generators side by side: each time every row that waits on a request has
+    one, the requests of one kind and key run together (one model pass for the rows), and each row is sent its
+    result. Returns the rows' Drafts in order."""
+    drafts: list[Draft | None] = [None] * len(steps)
+    waiting: dict[int, DraftRequest] = {}
+    state: dict = {}
+
+    def step(i: int, result=None, first: bool = False) -> None:
+        try:
+            waiting[i] = next(steps[i]) if first else steps[i].send(result)
+        except StopIteration as done:
+            drafts[i] = done.value
+
+    for i in range(len(steps)):
+        step(i, first=True)
+    while waiting:
+        groups: dict[tuple, list[int]] = {}
+        for i, request in waiting.items():
+            groups.setdefault((type(request), request.key), []).append(i)
+        current = dict(waiting)
+        waiting.clear()
+        for (kind, _), rows in groups.items():
+            results = kind.run_together([current[i] for i in rows], state)
+            for i, result in zip(rows, results):
+                step(i, result)
+    return drafts
 
 
 ROOT_ONLY = Tree([-1], name="root")

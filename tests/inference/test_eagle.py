@@ -67,3 +67,43 @@ def test_bad_trees(family, eagle):
         SpeculativeGenerator(family.target, eagle[3], tree=[[0], [200]])
     with pytest.raises(ValueError, match="grow their own tree"):
         SpeculativeGenerator(family.target, family.heads, tree={"depth": 3})  # Medusa: static trees only
+
+
+@pytest.mark.parametrize("tree", ["tree-15", {"depth": 4, "top_k": 3, "total_tokens": 10}])
+def test_rows_drafted_together_equal_each_row_drafted_alone(family, eagle, tree, monkeypatch):
+    """A batch's rows drafting side by side (each level of every row's tree in one head pass over the stacked
+    draft caches, the root projections in one product) make each row the draft it makes alone: rows of
+    different context lengths, in a first round and in a second one that catches each row up by its own
+    number of positions."""
+    from headway.heads.target.features import capture_features
+    from headway.inference.eagle import StackedRows
+    from headway.inference.proposer import DraftContext, run_rows
+
+    gen = SpeculativeGenerator(family.target, eagle[3], tree=tree)
+    layers = gen.drafter.feature_layers
+    picked = [0, 3, 5, 8]
+    alone, together = [gen.drafter.fork() for _ in picked], [gen.drafter.fork() for _ in picked]
+    feeds = []
+    monkeypatch.setattr(StackedRows, "feed", lambda self, requests, feed=StackedRows.feed: feeds.append(
+        len(requests)) or feed(self, requests))
+    seen = [0] * len(picked)
+    for extra in ([0, 0, 0, 0], [1, 4, 2, 3]):  # the second round: each row accepted its own count
+        contexts = []
+        for r, (i, more) in enumerate(zip(picked, extra)):
+            prompt, ref = family.prompts[i], family.references[i]
+            tokens = ref[0, :prompt.shape[1] + more]
+            with torch.no_grad():
+                feats = capture_features(family.target, tokens[None], layers)[0, seen[r]:tokens.shape[0] - 1]
+            seen[r] = tokens.shape[0] - 1
+            contexts.append(DraftContext(tokens, feats, gen.tree, 8, None, None, host_tokens=tokens.tolist()))
+        with torch.no_grad():
+            mine = [p.propose(ctx) for p, ctx in zip(alone, contexts)]
+            batched = run_rows([p.propose_steps(ctx) for p, ctx in zip(together, contexts)])
+        assert len({c.tokens.shape[0] for c in contexts}) > 1  # the rows' contexts differ in length
+        for a, b in zip(mine, batched):
+            assert a.tree.parents == b.tree.parents and torch.equal(a.tokens, b.tokens)
+            torch.testing.assert_close(torch.as_tensor(b.score_list()), torch.as_tensor(a.score_list()))
+        for a, b in zip(alone, together):
+            assert len(b._cache) == b._seen == a._seen  # a row's own cache holds its context only
+            torch.testing.assert_close(b._cache.keys, a._cache.keys)
+    assert feeds and all(n == len(picked) for n in feeds)  # the levels ran batched, every row in each

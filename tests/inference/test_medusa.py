@@ -104,3 +104,27 @@ def test_medusa_scores_multiply_head_probabilities_along_the_path(tiny_llama):
         head = p[tree.depths[node] - 1]
         assert scores[node] == pytest.approx(scores[parent] * float(head[draft.tokens[node]]), rel=1e-5)
     assert all(scores[tree.parents[n]] >= scores[n] for n in range(1, tree.size))
+
+
+def test_rows_drafted_together_equal_each_row_drafted_alone(tiny_llama):
+    """A batch's rows run the heads in one pass (``HeadLogits.run_together``) and get each the draft it
+    gets alone, rows cut to different depths by their budgets included."""
+    from headway.inference.proposer import run_rows
+
+    target, _ = tiny_llama
+    heads = MedusaHeads.from_target(target, MedusaConfig(num_heads=3))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block[0].linear.weight.normal_(0, 0.3)
+    drafter = as_proposer(heads)
+    drafter.bind(target)
+    tree = load_tree("tree-15")
+    contexts = [ctx([5, 6, 7 + r], torch.randn(target.config.hidden_size), tree, max_depth=depth)
+                for r, depth in enumerate([3, 1, 2, 3])]
+    alone = [drafter.fork().propose(c) for c in contexts]
+    together = run_rows([drafter.fork().propose_steps(c) for c in contexts])
+    assert [d.tree.depth for d in alone] == [3, 1, 2, 3]
+    for a, b in zip(alone, together):
+        assert a.tree.parents == b.tree.parents and torch.equal(a.tokens, b.tokens)
+        torch.testing.assert_close(b.scores, a.scores)

@@ -86,3 +86,37 @@ def test_sampled_children_are_distinct_draws_from_q():
     first = torch.stack([sample_children(row, 2, SamplingParams(1.0), g)[0][0, 0] for _ in range(2000)])
     freq = torch.bincount(first, minlength=4).double() / 2000
     assert torch.allclose(freq, row.softmax(-1)[0].double(), atol=0.04)
+
+
+def test_rows_run_side_by_side_with_one_pass_per_kind_and_key():
+    """run_rows steps every row's generator; each time, the waiting requests of one kind and key run in one
+    run_together call (rows that finish early drop out), and each row gets its own result; run_alone runs
+    the same generator one request at a time and gets the same Draft."""
+    from headway.inference.proposer import Draft, DraftRequest, run_alone, run_rows
+    from headway.inference.tree import chain
+
+    calls = []
+
+    class Double(DraftRequest):
+        def __init__(self, key, x):
+            self.key, self.x = key, x
+
+        def run(self):
+            return 2 * self.x
+
+        @classmethod
+        def run_together(cls, requests, state):
+            calls.append((requests[0].key, [r.x for r in requests]))
+            return [2 * r.x for r in requests]
+
+    def steps(key, start, levels):
+        x = start
+        for _ in range(levels):
+            x = yield Double(key, x)
+        return Draft(chain(0), torch.tensor([x]))
+
+    rows = [("a", 1, 3), ("a", 5, 1), ("b", 7, 2), ("a", 2, 0)]
+    drafts = run_rows([steps(*row) for row in rows])
+    assert [int(d.tokens[0]) for d in drafts] == [8, 10, 28, 2]
+    assert [int(run_alone(steps(*row)).tokens[0]) for row in rows] == [8, 10, 28, 2]
+    assert calls == [("a", [1, 5]), ("b", [7]), ("a", [2]), ("b", [14]), ("a", [4])]
