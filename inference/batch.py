@@ -35,7 +35,7 @@ from headway.heads.target.features import FeatureCapture
 from headway.inference.auto import prune
 from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, repack_rows
 from headway.inference.processors import GenerationSetup, apply_processors
-from headway.inference.proposer import Draft, DraftContext, Proposer, root_draft, run_rows
+from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, root_draft, run_rows
 from headway.inference.target_forward import padded_tree_tensors, prefill, verify_width
 from headway.inference.verify import verify_greedy_tensors
 
@@ -141,10 +141,7 @@ def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator)
             draft = row.auto.select(full, row.length, seconds)
             row.ranked = (full, *row.auto.ranked)
             row.stats.time_control += time.perf_counter() - tc
-        if draft.tokens.shape[0] != draft.tree.size:
-            raise RuntimeError(f"{type(row.proposer).__name__} returned {draft.tokens.shape[0]} tokens "
-                               f"for a tree of {draft.tree.size} nodes")
-        drafts.append(draft)
+        drafts.append(check_draft(row.proposer, draft))
     return drafts, drafted
 
 

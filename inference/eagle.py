@@ -210,9 +210,12 @@ class Feed(DraftRequest):
         rows = state.get((cls, requests[0].key))
         if rows is None and len(requests) > 1:  # the round's first level: the rows that draft with this head
             rows = state[(cls, requests[0].key)] = StackedRows([r.proposer for r in requests])
-        if rows is None or any(id(r.proposer) not in rows.index for r in requests):
+        if rows is None:
             return [r.run() for r in requests]
-        return rows.feed(requests)
+        # a row outside the round's stack (not among the first level's rows) has its levels in its own cache
+        stacked = [r for r in requests if id(r.proposer) in rows.index]
+        done = dict(zip(map(id, stacked), rows.feed(stacked))) if stacked else {}
+        return [done[id(r)] if id(r) in done else r.run() for r in requests]
 
 
 class StackedRows:

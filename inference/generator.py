@@ -26,7 +26,7 @@ import torch
 
 from headway.heads.target.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
-from headway.inference.proposer import Draft, DraftContext, as_proposer, root_draft
+from headway.inference.proposer import Draft, DraftContext, as_proposer, check_draft, root_draft
 from headway.inference.kv_cache import CACHE_SLACK, compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree, node_path
@@ -232,9 +232,7 @@ class SpeculativeGenerator:
                         stats.time_control += time.perf_counter() - t0 - draft_seconds
                 else:  # a plain step; the drafter gets these positions' features with the next ones
                     draft, draft_seconds = root_draft(seq[:length]), 0.0
-                if draft.tokens.shape[0] != draft.tree.size:
-                    raise RuntimeError(f"{type(drafter).__name__} returned {draft.tokens.shape[0]} tokens "
-                                       f"for a tree of {draft.tree.size} nodes")
+                check_draft(drafter, draft)
                 prompt_rows, t_prefill = None, 0.0  # the prompt's features and time when it runs on its own
                 if pending is not None and not draft.tree.is_chain:
                     # a tree's 4D mask over the whole prompt loses the model's causal kernel: at 1,200 tokens the

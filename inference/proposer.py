@@ -175,6 +175,14 @@ def run_rows(steps: list[Generator[DraftRequest, object, Draft]]) -> list[Draft]
     return drafts
 
 
+def check_draft(proposer: Proposer, draft: Draft) -> Draft:
+    """``draft`` when it holds one token per tree node, else a RuntimeError naming ``proposer``."""
+    if draft.tokens.shape[0] != draft.tree.size:
+        raise RuntimeError(f"{type(proposer).__name__} returned {draft.tokens.shape[0]} tokens "
+                           f"for a tree of {draft.tree.size} nodes")
+    return draft
+
+
 ROOT_ONLY = Tree([-1], name="root")
 
 

@@ -12,13 +12,19 @@ from tests.inference.spec_utils import draft_context as ctx
 from tests.inference.spec_utils import reference_generate
 
 
-def test_medusa_candidates_follow_head_topk(tiny_llama):
-    target, _ = tiny_llama
+def noisy_heads(target, seed: int) -> MedusaHeads:
+    """Three Medusa heads for ``target`` whose blocks are random (not the identity), so their top-k differ."""
     heads = MedusaHeads.from_target(target, MedusaConfig(num_heads=3))
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.no_grad():
         for block in heads.blocks:
             block[0].linear.weight.normal_(0, 0.3)
+    return heads
+
+
+def test_medusa_candidates_follow_head_topk(tiny_llama):
+    target, _ = tiny_llama
+    heads = noisy_heads(target, 0)
     drafter = as_proposer(heads)
     assert isinstance(drafter, MedusaProposer)
     drafter.bind(target)
@@ -112,12 +118,7 @@ def test_rows_drafted_together_equal_each_row_drafted_alone(tiny_llama):
     from headway.inference.proposer import run_rows
 
     target, _ = tiny_llama
-    heads = MedusaHeads.from_target(target, MedusaConfig(num_heads=3))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for block in heads.blocks:
-            block[0].linear.weight.normal_(0, 0.3)
-    drafter = as_proposer(heads)
+    drafter = as_proposer(noisy_heads(target, 1))
     drafter.bind(target)
     tree = load_tree("tree-15")
     contexts = [ctx([5, 6, 7 + r], torch.randn(target.config.hidden_size), tree, max_depth=depth)
