@@ -16,6 +16,10 @@ Two kinds of target, one row per token:
   ``-sum_v p_v log_softmax(l)_v``.
 Only rows marked ``learn`` carry loss; top-1 / top-k counts cover every row (a label outside
 ``[0, V)`` is a miss), so they add up across micro-batches like the losses' other counts.
+
+With soft targets the row loss may be another divergence than the cross-entropy (``kind``:
+``headway.train.divergences``, e.g. reverse KL or the LK acceptance loss); ``ce`` and ``kl`` use the
+closed-form ``q - p`` gradient, the others autograd within each chunk.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from headway.train.divergences import CLOSED_FORM, DEFAULT_LK_DECAY, check_kind, row_losses
 
 DEFAULT_CHUNK_SIZE = 512  # rows per chunk: [512, V] fp32 logits (~100 MB at V = 49152); 0 = unchunked
 
@@ -36,19 +42,21 @@ def topk_counts(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, 
 
 
 def logits_cross_entropy(logits: torch.Tensor, labels: torch.Tensor | None, learn: torch.Tensor,
-                         target_logits: torch.Tensor | None = None, k: int = 5):
+                         target_logits: torch.Tensor | None = None, k: int = 5, kind: str = "ce",
+                         lk_decay: float = DEFAULT_LK_DECAY):
     """The plain (unchunked) loss on materialised logits: (loss_sum [], top1 [], topk []).
 
     logits: [n, V]; labels: [n] (None with soft targets: the target's argmax); learn: [n] bool;
-    target_logits: [n, V] soft targets' logits (no gradient) or None for hard labels."""
-    logits = logits.float()  # the loss in fp32 (as cross_entropy runs under autocast)
+    target_logits: [n, V] soft targets' logits (no gradient) or None for hard labels; kind: the
+    soft row loss (``headway.train.divergences``; hard labels take ``ce`` only)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least (as under autocast)
     if target_logits is None:
         ce = F.cross_entropy(logits, labels.masked_fill(~learn, -100), reduction="sum", ignore_index=-100)
     else:
         with torch.no_grad():
-            p = target_logits.float().softmax(-1)  # [n, V]
-            labels = p.argmax(-1) if labels is None else labels
-        ce = -(p * logits.log_softmax(-1)).sum(-1)[learn].sum()
+            logp = target_logits.to(logits.dtype).log_softmax(-1)  # [n, V]
+            labels = logp.argmax(-1) if labels is None else labels
+        ce = row_losses(logits.log_softmax(-1), logp, kind, lk_decay)[learn].sum()
     with torch.no_grad():
         top1, topk = topk_counts(logits, labels, torch.ones_like(learn), k=min(k, logits.shape[-1]))
     return ce, top1, topk
@@ -77,7 +85,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, labels, learn, target_x, target_weight, target_logp, chunk_size: int, k: int,
-                need_x: bool, need_w: bool):
+                need_x: bool, need_w: bool, kind: str = "ce", lk_decay: float = DEFAULT_LK_DECAY):
         dtype = _compute_dtype(x)
         acc = torch.promote_types(dtype, torch.float32)  # softmax statistics in fp32 at least
         n, soft = x.shape[0], target_x is not None or target_logp is not None
@@ -105,8 +113,19 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                         t = t.sub_(t.logsumexp(-1, keepdim=True))
                     if own_labels:
                         labels[s:e] = t.argmax(-1)
+                    if kind not in CLOSED_FORM:  # another divergence: its chunk's rows and gradient by autograd
+                        keep = learn[s:e]
+                        row, d = _autograd_rows(logits, t, keep, kind, lk_decay)
+                        loss = loss + row[keep].sum()
+                        h1, hk = topk_counts(logits, labels[s:e], torch.ones_like(keep), k=min(k, logits.shape[1]))
+                        top1, topk = top1 + h1, topk + hk
+                        if need_x or need_w:
+                            _accumulate(d.to(dtype), xc, w, dx, dw, s, e, x.dtype, dtype == acc)
+                        continue
                     p = t.exp_() if target_logp is None else t.exp()  # [c, V] the target's distribution
                     row = lse - (p * logits).sum(-1)  # [c]: sum(p) = 1
+                    if kind == "kl":  # KL(p || q) = cross-entropy - H(p): the same gradient
+                        row = row + torch.xlogy(p, p).sum(-1)
                 else:
                     row = lse - logits.gather(1, labels[s:e].clamp(0, logits.shape[1] - 1)[:, None])[:, 0]
                 keep = learn[s:e]
@@ -121,12 +140,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 else:  # = q - p
                     d.sub_(p)
                 d = d.mul_(keep.to(acc)[:, None]).to(dtype)  # [c, V]: rows without loss give nothing
-                if need_x:
-                    dx[s:e] = (d @ w).to(x.dtype)
-                if need_w and dtype == acc:
-                    dw.addmm_(d.T, xc)  # in place: no [V, H] temporary
-                elif need_w:
-                    dw += (d.T @ xc).to(acc)
+                _accumulate(d, xc, w, dx, dw, s, e, x.dtype, dtype == acc)
         dw = dw.to(weight.dtype) if need_w else None
         ctx.save_for_backward(dx, dw)
         ctx.mark_non_differentiable(top1, topk)
@@ -137,15 +151,38 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         dx, dw = ctx.saved_tensors
         dx = dx * grad_loss.to(dx.dtype) if dx is not None else None
         dw = dw * grad_loss.to(dw.dtype) if dw is not None else None
-        return dx, dw, None, None, None, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None, None, None, None
+
+
+def _autograd_rows(logits: torch.Tensor, logp: torch.Tensor, keep: torch.Tensor, kind: str, lk_decay: float):
+    """One chunk's row losses [c] and the gradient [c, V] of their kept sum in ``logits`` (autograd
+    on this chunk only: the fused forward runs with gradients off)."""
+    with torch.enable_grad():
+        leaf = logits.detach().requires_grad_(True)
+        row = row_losses(leaf.log_softmax(-1), logp, kind, lk_decay)  # [c]
+        (d,) = torch.autograd.grad(row[keep].sum(), leaf)
+    return row.detach(), d
+
+
+def _accumulate(d, xc, w, dx, dw, s: int, e: int, x_dtype, in_place: bool) -> None:
+    """Add one chunk's share of the gradients: d [c, V] (d loss / d logits, compute dtype), xc [c, H],
+    w [V, H]; dx [n, H] rows s:e, dw [V, H] summed (None: not wanted)."""
+    if dx is not None:
+        dx[s:e] = (d @ w).to(x_dtype)
+    if dw is not None and in_place:
+        dw.addmm_(d.T, xc)  # in place: no [V, H] temporary
+    elif dw is not None:
+        dw += (d.T @ xc).to(dw.dtype)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor | None = None, *,
                          learn: torch.Tensor | None = None,
                          target: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None = None,
                          project: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                         chunk_size: int = DEFAULT_CHUNK_SIZE, k: int = 5):
-    """Summed cross-entropy of ``x @ weight.T`` and its top-1 / top-k counts, chunked over rows.
+                         chunk_size: int = DEFAULT_CHUNK_SIZE, k: int = 5, kind: str = "ce",
+                         lk_decay: float = DEFAULT_LK_DECAY):
+    """Summed cross-entropy (or another divergence) of ``x @ weight.T`` and its top-1 / top-k counts,
+    chunked over rows.
 
     x: [n, H]; weight: [V, H] (trainable or frozen); labels: [n] the target index per row, used for
     the hard loss and the counts (-1: not in the vocabulary, a miss); with soft targets labels
@@ -155,13 +192,19 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     log-probabilities [n, V] when the caller has them (a target shared by several calls is then
     projected once); never differentiated. project: the module's own ``x -> logits`` for the unchunked path (default
     ``F.linear(x, weight)``). chunk_size: rows per chunk; 0 keeps the whole [n, V] logits for
-    autograd (the plain path, for reference and measurement).
+    autograd (the plain path, for reference and measurement). kind: the row loss against soft
+    targets (``headway.train.divergences.KINDS``; hard labels take ``ce`` only); lk_decay: the
+    ``lk_lambda`` mix's decay.
     Returns (loss_sum [] fp32, top1 [] long, topk [] long).
     """
     if chunk_size < 0:
         raise ValueError(f"chunk_size must be >= 0 (0: unchunked), got {chunk_size}")
     if target is None and labels is None:
         raise ValueError("linear_cross_entropy needs labels for hard targets (or target=(x, W) for soft ones)")
+    check_kind(kind)
+    if target is None and kind != "ce":
+        raise ValueError(f"loss kind {kind!r} compares two distributions: pass the target's (target=...), "
+                         "hard labels take 'ce' only")
     if learn is None:
         learn = labels >= 0 if target is None else torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
     # ZeRO-3 gathers a parameter only inside its own module's forward: there use the module itself
@@ -174,7 +217,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, labels: torch.Te
         elif target is not None:
             with torch.no_grad():
                 t_logits = F.linear(target[0], target[1].to(target[0].dtype))
-        return logits_cross_entropy(logits, labels, learn, t_logits, k)
+        return logits_cross_entropy(logits, labels, learn, t_logits, k, kind, lk_decay)
     tx = tw = t_logp = None
     if isinstance(target, torch.Tensor):
         t_logp = target.detach()
@@ -182,4 +225,4 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, labels: torch.Te
         tx, tw = target[0].detach(), target[1].detach()
     grad = torch.is_grad_enabled()  # forward computes the gradients, so it must know whether any are wanted
     return _FusedLinearCrossEntropy.apply(x, weight, labels, learn, tx, tw, t_logp, chunk_size, k,
-                                          grad and x.requires_grad, grad and weight.requires_grad)
+                                          grad and x.requires_grad, grad and weight.requires_grad, kind, lk_decay)

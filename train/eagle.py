@@ -23,6 +23,7 @@ from headway.train.common import describe, draft_vocabulary, parse_run_args, rep
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
 from headway.train.chunked import DEFAULT_CHUNK_SIZE
+from headway.train.divergences import DEFAULT_LK_DECAY, check_kind
 from headway.train.eagle_losses import eagle1_loss, eagle3_loss
 from headway.train.loop import Method, TrainConfig, run_training
 
@@ -39,8 +40,15 @@ class EagleLossConfig:
     # real token, prompts and chat template too). The labels are the target's own distribution at each
     # position, so every position is valid self-distillation; held-out accuracy is always over answers.
     positions: str = "assistant"
+    # the distribution term: ce (EAGLE's soft cross-entropy), kl, rkl, jsd, tv, lk_alpha (-log acceptance) or
+    # lk_lambda (KL and TV mixed by acceptance): headway.train.divergences
+    kind: str = "ce"
+    lk_decay: float = DEFAULT_LK_DECAY  # lk_lambda: KL weight exp(-lk_decay * alpha)
 
     def __post_init__(self):
+        check_kind(self.kind, "kind")
+        if not self.lk_decay >= 0:
+            raise ValueError(f"lk_decay must be >= 0, got {self.lk_decay}")
         if self.positions not in ("assistant", "all"):
             raise ValueError(f"loss.positions must be 'assistant' or 'all', got {self.positions!r}")
         if self.ttt_steps < 1:
@@ -103,11 +111,12 @@ class EagleTrainingModule(torch.nn.Module):
         if cfg.version == 1:
             return eagle1_loss(self.head, final, batch["input_ids"], batch["loss_mask"], self.target_rows, self.draft_index,
                                noise=self.loss.noise if self.training else 0.0, ce_weight=self.loss.ce_weight,
-                               reg_weight=self.loss.reg_weight, argmax=argmax, chunk_size=self.loss.chunk_size)
+                               reg_weight=self.loss.reg_weight, argmax=argmax, chunk_size=self.loss.chunk_size,
+                               kind=self.loss.kind, lk_decay=self.loss.lk_decay)
         fused = feats[..., :cfg.feature_width]  # the feature layers come first, in their order
         return eagle3_loss(self.head, fused, final, batch["input_ids"], batch["loss_mask"], self.target_rows,
                            self.draft_index, argmax, steps=self.loss.ttt_steps, decay=self.loss.decay,
-                           chunk_size=self.loss.chunk_size)
+                           chunk_size=self.loss.chunk_size, kind=self.loss.kind, lk_decay=self.loss.lk_decay)
 
 
 class EagleMethod(Method):

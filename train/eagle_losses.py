@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from headway.heads.eagle import TTTKeys
 from headway.train.chunked import DEFAULT_CHUNK_SIZE, linear_cross_entropy
+from headway.train.divergences import DEFAULT_LK_DECAY
 
 
 def _shift(x: torch.Tensor, i: int, fill) -> torch.Tensor:
@@ -57,11 +58,13 @@ def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask
                 target_rows: torch.Tensor, draft_index: torch.Tensor | None, *, noise: float = 0.1,
                 ce_weight: float = 0.1, reg_weight: float = 1.0,
                 generator: torch.Generator | None = None, argmax: torch.Tensor | None = None,
-                chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, dict]:
+                chunk_size: int = DEFAULT_CHUNK_SIZE, kind: str = "ce",
+                lk_decay: float = DEFAULT_LK_DECAY) -> tuple[torch.Tensor, dict]:
     """features: [B, T, H] the target's final-norm hidden states; input_ids, loss_mask: [B, T];
     target_rows: [V', H] the target lm_head rows of the draft vocabulary (EAGLE-1 drafts through
     them too); draft_index: [V] target id -> draft index (-1 outside) or None; chunk_size: rows per chunk
-    of the fused cross-entropy (0: unchunked)."""
+    of the fused cross-entropy (0: unchunked); kind: the distribution term's divergence
+    (``headway.train.divergences``; ``ce``: EAGLE's soft cross-entropy)."""
     b, t, _ = features.shape
     f = features.float()
     if t < 3:
@@ -87,7 +90,7 @@ def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask
         labels = draft_index[argmax[:, 1:-1][mask].clamp_min(0)]
     # q = softmax(lm_head h) against p = softmax(lm_head f[t+1]), both through the target's rows
     ce_sum, top1, top5 = linear_cross_entropy(h, target_rows.to(h.dtype), labels, target=(want, target_rows),
-                                              project=head.logits, chunk_size=chunk_size)
+                                              project=head.logits, chunk_size=chunk_size, kind=kind, lk_decay=lk_decay)
     loss = reg_weight * reg.mean() + ce_weight * ce_sum / h.shape[0]
     return loss, _counts("step0", ce_sum, top1, top5, n, {"reg_sum": reg.sum()})
 
@@ -95,11 +98,13 @@ def eagle1_loss(head, features: torch.Tensor, input_ids: torch.Tensor, loss_mask
 def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: torch.Tensor,
                 loss_mask: torch.Tensor, target_rows: torch.Tensor, draft_index: torch.Tensor | None,
                 argmax: torch.Tensor | None = None, *, steps: int = 7,
-                decay: float = 0.8, chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, dict]:
+                decay: float = 0.8, chunk_size: int = DEFAULT_CHUNK_SIZE, kind: str = "ce",
+                lk_decay: float = DEFAULT_LK_DECAY) -> tuple[torch.Tensor, dict]:
     """features: [B, T, F] the fused target layers; last: [B, T, H] the target's final-norm hidden
     states (its distribution); argmax: [B, T] the target's full-vocabulary argmax (None: use the
     data's next token); target_rows: [V', H] the target lm_head rows of the draft vocabulary;
-    chunk_size: rows per chunk of the fused cross-entropy (0: unchunked)."""
+    chunk_size: rows per chunk of the fused cross-entropy (0: unchunked); kind: each step's divergence
+    from the target's distribution (``headway.train.divergences``; ``ce``: EAGLE-3's soft cross-entropy)."""
     b, t, _ = features.shape
     n = t - 1  # rows t = 0 .. T-2: step 0 pairs f[t] with x[t+1]
     metrics: dict[str, torch.Tensor] = {}
@@ -132,7 +137,7 @@ def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: tor
             # the draft's logits lm_head(norm h) against the target's distribution at position t+1+i
             ce_sum, top1, top5 = linear_cross_entropy(
                 head.norm(h[rb, rt]), head.lm_head.weight, labels_all[rb, rt + i], learn=learn,
-                target=t_logp[rb, rt + i], project=head.lm_head, chunk_size=chunk_size)
+                target=t_logp[rb, rt + i], project=head.lm_head, chunk_size=chunk_size, kind=kind, lk_decay=lk_decay)
             total = total + decay ** i * ce_sum / learn.sum().clamp_min(1)
             metrics.update(_counts(f"step{i}", ce_sum, top1, top5, count))
         else:  # nothing to learn at this depth in this batch: keep the graph whole (DDP)

@@ -25,6 +25,7 @@ from headway.train.accelerator import check_trackers, gathered, zero_stage
 from headway.train import fsdp as fsdp_mod
 from headway.train import run_dir
 from headway.train.batches import pad_batch
+from headway.train.best import BestKeeper, check_choice
 from headway.train.losses import summarize
 
 METRICS_NAME = "metrics.jsonl"
@@ -59,6 +60,9 @@ class TrainConfig:
     # transformers' group_by_length does). 0 = plain shuffled batches.
     group_by_length: int = 0
     fsdp: bool = False  # shard the drafter's weights, gradients and optimizer state (FSDP2); also set by an accelerate FSDP config
+    # the drafter exported: "last" (the final weights) or "simulated_tau" (the evaluation with the highest
+    # held-out simulated tau, as SpecForge keeps its best simulated acceptance length; set eval_every)
+    select_best: str = "last"
 
     def __post_init__(self):
         # every message starts with the field's name: a run config shows it as train.<name>
@@ -89,6 +93,10 @@ class TrainConfig:
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
         check_trackers(self.trackers)
+        check_choice(self.select_best)
+        if self.select_best != "last" and not self.eval_every:
+            raise ValueError(f"select_best={self.select_best} chooses among held-out evaluations: set eval_every "
+                             "(optimizer steps between them), or select_best=last")
 
 
 def epoch_order(lengths: list[int], epoch: int, seed: int, batch: int, group: int = 0) -> torch.Tensor:
@@ -257,6 +265,8 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
         step = _resume(acc, last[-1], unwrapped, optimizer, scheduler, sharded, fsdp)
         acc.print(f"resumed from {last[-1]} at step {step}/{total_steps}")
     _truncate_metrics(out / METRICS_NAME, step, acc.is_main_process)
+    best = BestKeeper(out, cfg.select_best, acc.is_main_process)
+    best.restore(step)
 
     if cfg.trackers:
         acc.init_trackers("headway", config=_flat(run_config))
@@ -311,25 +321,32 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
             running, tokens, t0 = {}, 0, time.perf_counter()
             _log(acc, out, record, cfg)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps and eval_data:
-            _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in
-                                             evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size, fsdp).items()}}, cfg)
+            metrics = evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size, fsdp)
+            _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in metrics.items()}}, cfg)
+            best.consider(acc, step, metrics, unwrapped, fsdp)
         if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
             _save(acc, out / "checkpoints", step, unwrapped, optimizer, scheduler, sharded, cfg.keep_checkpoints, fsdp)
     bar.close()
 
     final = evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size, fsdp) if eval_data else {}
     _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in final.items()}}, cfg)
+    best.consider(acc, step, final, unwrapped, fsdp)
+    exported = best.chosen(step, final)  # the final metrics, or the best evaluation's
+    if exported.get("selected_step", step) != step:
+        acc.print(f"train.select_best={cfg.select_best}: exporting the drafter of step {exported['selected_step']} "
+                  f"({cfg.select_best} {best.score:.4f}; the last, step {step}: {final.get(cfg.select_best, float('nan')):.4f})")
     if fsdp:
         fsdp_mod.unshard_for_export(unwrapped)  # whole trainable weights on every rank
     with gathered(acc, unwrapped):  # ZeRO-3: whole trainable weights for the check and the export
         _write_sync_check(acc, out, unwrapped, time.perf_counter() - train_start, train_tokens, fsdp)
         if acc.is_main_process:
-            method.export(unwrapped, out, final)
-            (out / "eval_metrics.json").write_text(json.dumps(final, indent=2))
+            best.load_into(unwrapped, step)  # the fingerprints above are the trained weights'; the export is the best's
+            method.export(unwrapped, out, exported)
+            (out / "eval_metrics.json").write_text(json.dumps(exported, indent=2))
     acc.wait_for_everyone()
     if cfg.trackers:
         acc.end_training()
-    return final
+    return exported
 
 
 def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, sharded: bool, keep: int,

@@ -14,6 +14,7 @@ import re
 import torch
 
 from headway.train.chunked import DEFAULT_CHUNK_SIZE, linear_cross_entropy, topk_counts
+from headway.train.divergences import DEFAULT_LK_DECAY
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "head_weights", "medusa_loss", "summarize",
            "topk_counts"]  # topk_counts now lives in headway.train.chunked; re-exported for old imports
@@ -30,7 +31,8 @@ def head_weights(num_heads: int, decay: float = 0.8, weights: list[float] | None
 
 def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 weights: list[float], draft_index: torch.Tensor | None = None,
-                chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                chunk_size: int = DEFAULT_CHUNK_SIZE, *, kind: str = "ce", target_rows: torch.Tensor | None = None,
+                lk_decay: float = DEFAULT_LK_DECAY) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted Medusa loss and per-head counts.
 
     hidden: [B, T, H] target features; input_ids, loss_mask: [B, T]. Head k at position t is
@@ -39,8 +41,16 @@ def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask:
     no loss but count as misses in the accuracy, which stays comparable with a full vocabulary.
     ``chunk_size``: rows per chunk of the fused loss; 0 materialises every head's [n, V] logits
     (the plain path: same values, memory growing with heads x vocabulary).
+    ``kind``: ``ce`` trains on the data's tokens (Medusa's loss); any other kind
+    (``headway.train.divergences``) trains head k on the target's own distribution for that token,
+    ``softmax(target_rows @ hidden[t+k+1])`` over the draft vocabulary (``target_rows`` [V', H]:
+    the frozen target's lm_head rows), so ``kl`` is self-distillation and ``lk_alpha`` trains
+    acceptance itself. The accuracy counts stay against the data's tokens either way.
     """
     num_heads = len(weights)
+    soft = kind != "ce"
+    if soft and target_rows is None:
+        raise ValueError(f"loss.kind={kind} needs the target's distribution: pass target_rows (its lm_head rows)")
     total = hidden.new_zeros((), dtype=torch.float32)
     metrics: dict[str, torch.Tensor] = {}
     for k in range(num_heads):
@@ -57,8 +67,14 @@ def medusa_loss(heads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask:
             metrics.update({f"head{k}/loss_sum": n.float() * 0, f"head{k}/top1": n * 0, f"head{k}/top5": n * 0,
                             f"head{k}/count": n})
             continue
+        target = None
+        if soft:  # the target's distribution for token t+k+2: its own next-token output at position t+k+1
+            want = hidden[:, k + 1:-1].reshape(-1, hidden.shape[-1])[mask].detach()  # [n, H]
+            target = (want, target_rows)
         ce, top1, top5 = linear_cross_entropy(heads.head_features(feats, k), heads.projection_weight(k), labels,
-                                              project=lambda x, k=k: heads.project(x, k), chunk_size=chunk_size)
+                                              learn=labels >= 0, target=target,
+                                              project=lambda x, k=k: heads.project(x, k), chunk_size=chunk_size,
+                                              kind=kind, lk_decay=lk_decay)
         total = total + weights[k] * ce / n
         metrics.update({f"head{k}/loss_sum": ce.detach(), f"head{k}/top1": top1, f"head{k}/top5": top5,
                         f"head{k}/count": n})

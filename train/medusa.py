@@ -22,6 +22,7 @@ from headway.train.config import to_dict
 from headway.train.data import DataConfig
 from headway.train.batches import last_hidden_state
 from headway.train.loop import Method, TrainConfig, run_training
+from headway.train.divergences import DEFAULT_LK_DECAY, check_kind
 from headway.train.losses import DEFAULT_CHUNK_SIZE, head_weights, medusa_loss
 
 
@@ -30,8 +31,15 @@ class LossConfig:
     decay: float = 0.8  # head k is weighted decay**k (Medusa's 0.8)
     weights: list[float] | None = None  # explicit per-head weights instead of decay**k
     chunk_size: int = DEFAULT_CHUNK_SIZE  # rows per block of the fused cross-entropy (0: unchunked, [n, V'] logits kept)
+    # ce: the data's next tokens (Medusa's loss); kl, rkl, jsd, tv, lk_alpha, lk_lambda: the target's own
+    # distribution for each head's token (headway.train.divergences)
+    kind: str = "ce"
+    lk_decay: float = DEFAULT_LK_DECAY  # lk_lambda: KL weight exp(-lk_decay * alpha)
 
     def __post_init__(self):
+        check_kind(self.kind, "kind")
+        if not self.lk_decay >= 0:
+            raise ValueError(f"lk_decay must be >= 0, got {self.lk_decay}")
         if not self.decay > 0:
             raise ValueError(f"decay must be > 0 (head k is weighted decay**k), got {self.decay}")
         if self.weights is not None and (not self.weights or not all(w >= 0 for w in self.weights)):
@@ -61,13 +69,17 @@ class MedusaTrainingModule(torch.nn.Module):
     ``chunk_size``: rows per chunk of the fused loss (peak memory: one [chunk, V] block of logits
     whatever the number of heads); 0 keeps every head's [n, V] logits for backward."""
 
-    def __init__(self, heads: MedusaHeads, target, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE):
+    def __init__(self, heads: MedusaHeads, target, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 loss: LossConfig | None = None):
         super().__init__()
         self.heads = heads
         self._target = (target,)  # not a submodule: never wrapped, saved or trained
         self.weights = weights
         self.chunk_size = chunk_size
+        self.loss = loss or LossConfig()
         self.register_buffer("draft_index", heads.draft_index(), persistent=False)  # None for a full vocabulary
+        rows = target_rows(heads, target) if self.loss.kind != "ce" else None
+        self.register_buffer("target_rows", rows, persistent=False)  # [V', H] or None
 
     def forward(self, batch: dict[str, torch.Tensor]):
         hidden = batch.get("features")  # cached: the final-norm layer only
@@ -75,14 +87,21 @@ class MedusaTrainingModule(torch.nn.Module):
             hidden = last_hidden_state(self._target[0], batch["input_ids"], batch["attention_mask"])
         hidden = hidden.float()  # cached features may be stored in half precision
         return medusa_loss(self.heads, hidden, batch["input_ids"], batch["loss_mask"], self.weights, self.draft_index,
-                           chunk_size=self.chunk_size)
+                           chunk_size=self.chunk_size, kind=self.loss.kind, target_rows=self.target_rows,
+                           lk_decay=self.loss.lk_decay)
+
+
+def target_rows(heads: MedusaHeads, target) -> torch.Tensor:
+    """The frozen target's lm_head rows of the draft vocabulary, [V', H] fp32: the soft targets' projection."""
+    return heads.draft_rows(target.get_output_embeddings().weight.detach()).float().contiguous()
 
 
 class MedusaMethod(Method):
     """The Medusa-1 plug-in for the shared loop."""
 
-    def __init__(self, heads: MedusaHeads, target, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE):
-        self.model = MedusaTrainingModule(heads, target, weights, chunk_size=chunk_size)
+    def __init__(self, heads: MedusaHeads, target, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 loss: LossConfig | None = None):
+        self.model = MedusaTrainingModule(heads, target, weights, chunk_size=chunk_size, loss=loss)
 
     def export(self, model: MedusaTrainingModule, output_dir: Path, metrics: dict) -> None:
         model.heads.save_pretrained(output_dir, metrics=metrics)
@@ -109,7 +128,7 @@ def train(cfg: MedusaRunConfig) -> dict:
     heads.to(run.acc.device)
     describe(run, cfg.features)
     method = MedusaMethod(heads, run.target, head_weights(cfg.heads.num_heads, cfg.loss.decay, cfg.loss.weights),
-                          chunk_size=cfg.loss.chunk_size)
+                          chunk_size=cfg.loss.chunk_size, loss=cfg.loss)
     metrics = run_training(run.acc, cfg.train, method, run.train_data, run.eval_data, run_config=to_dict(cfg))
     report_accuracy(run, metrics, "head", cfg.heads.num_heads, "head", cfg.train.output_dir)
     return metrics

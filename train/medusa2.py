@@ -34,7 +34,7 @@ from headway.train.config import to_dict
 from headway.train.loop import Method, TrainConfig, run_training
 from headway.train.accelerator import fsdp_requested, zero_stage
 from headway.train.losses import DEFAULT_CHUNK_SIZE, head_weights, medusa_loss
-from headway.train.medusa import LossConfig, MedusaRunConfig
+from headway.train.medusa import LossConfig, MedusaRunConfig, target_rows
 
 ADAPTER_DIR = "adapter"  # peft's own layout: adapter_config.json + adapter_model.safetensors
 MERGED_DIR = "merged"  # the tuned target with the adapter merged in (merge: true)
@@ -97,6 +97,9 @@ class Medusa2RunConfig(MedusaRunConfig):
         if self.lora.train_lm_head and self.heads.share_lm_head:
             raise ValueError("lora.train_lm_head=true with heads.share_lm_head=true: the heads would train against "
                              "the original lm_head but run against the tuned one; set one of them false")
+        if self.lora.train_lm_head and self.loss.kind != "ce":
+            raise ValueError(f"loss.kind={self.loss.kind} with lora.train_lm_head=true: the heads' soft targets come "
+                             "through the frozen lm_head; set lora.train_lm_head=false or loss.kind=ce")
 
 
 def adaptable_module_names(model) -> list[str]:
@@ -175,7 +178,8 @@ class Medusa2TrainingModule(torch.nn.Module):
     token), ``joint/lambda`` and ``joint/heads_only`` (1 during the first stage).
     """
 
-    def __init__(self, heads: MedusaHeads, tuned, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE):
+    def __init__(self, heads: MedusaHeads, tuned, weights: list[float], *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 loss: LossConfig | None = None):
         super().__init__()
         self.heads = heads
         self.tuned = tuned  # peft model: only its LoRA weights (and a lm_head copy) require grad
@@ -184,6 +188,10 @@ class Medusa2TrainingModule(torch.nn.Module):
         self.lam = 0.0  # set per optimizer step by Medusa2Method.set_step
         self.heads_only = False
         self.register_buffer("draft_index", heads.draft_index(), persistent=False)
+        self.loss = loss or LossConfig()
+        # soft targets (loss.kind != ce): the tuned model's own distribution, through its frozen lm_head
+        rows = target_rows(heads, tuned.get_base_model()) if self.loss.kind != "ce" else None
+        self.register_buffer("target_rows", rows, persistent=False)  # [V', H] or None
 
     def forward(self, batch: dict[str, torch.Tensor]):
         ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
@@ -192,7 +200,8 @@ class Medusa2TrainingModule(torch.nn.Module):
         with torch.no_grad() if heads_only else contextlib.nullcontext():
             hidden = final_hidden(model, ids, attn)  # [B, T, H], adapters on
         head_loss, counts = medusa_loss(self.heads, hidden.float(), ids, mask, self.weights, self.draft_index,
-                                        chunk_size=self.chunk_size)
+                                        chunk_size=self.chunk_size, kind=self.loss.kind, target_rows=self.target_rows,
+                                        lk_decay=self.loss.lk_decay)
         n0 = counts["head0/count"].float()
         if heads_only:  # adapters untouched: tuned == original here, the KL would be 0
             counts.update({"joint/kl_sum": n0 * 0, "joint/lambda_sum": n0 * 0, "joint/heads_only_sum": n0,
@@ -218,7 +227,7 @@ class Medusa2Method(Method):
 
     def __init__(self, heads: MedusaHeads, tuned, weights: list[float], loss: Medusa2LossConfig,
                  tokenizer=None, merge: bool = False, base_model: str | None = None):
-        self.model = Medusa2TrainingModule(heads, tuned, weights, chunk_size=loss.chunk_size)
+        self.model = Medusa2TrainingModule(heads, tuned, weights, chunk_size=loss.chunk_size, loss=loss)
         self.loss, self.tokenizer, self.merge = loss, tokenizer, merge
         if base_model:  # as the run names it (a Hub id, folder or alias), not a resolved cache path
             for config in tuned.peft_config.values():

@@ -130,6 +130,31 @@ def test_tiny_training_learns_and_exports(tmp_path, version):
     assert final["step0/top1"] == pytest.approx(greedy, abs=0.005), (final["step0/top1"], greedy)
 
 
+def test_lk_loss_trains_and_the_best_evaluation_is_exported(tmp_path):
+    """loss.kind=lk_lambda (KL and TV mixed by acceptance) learns through the one loop, and with
+    train.select_best=simulated_tau the export is the evaluation with the highest simulated tau: its
+    metrics, its step, and weights that score exactly that on the held-out data."""
+    from headway.heads.target import load_target
+    from headway.train.data import build_datasets
+
+    out = tmp_path / "run"
+    cfg = tiny_cfg(EAGLE3, out, "train.trackers=[]", "train.max_steps=30", "train.eval_every=10",
+                   "train.select_best=simulated_tau", "loss.kind=lk_lambda")
+    final = train(cfg)
+    evals = _evals(out)
+    assert [e["step"] for e in evals] == [0, 10, 20, 30]
+    trained = [e for e in evals if e["step"] > 0]
+    best = max(trained, key=lambda e: e["eval/simulated_tau"])  # the first of equals: a tie never replaces
+    assert best["eval/simulated_tau"] > evals[0]["eval/simulated_tau"] + 0.2, evals  # it learns
+    assert final["selected_step"] == best["step"]
+    assert final == {**{k[5:]: v for k, v in best.items() if k.startswith("eval/")}, "selected_step": best["step"]}
+    assert json.loads((out / "eval_metrics.json").read_text()) == final
+    target, tok = load_target(cfg.model)
+    head = load_drafter(out).bind_target(target)
+    again = _heldout_metrics(head, target, cfg, build_datasets(cfg.data, tok, cfg.model)[1], cfg.train.eval_batch_size)
+    assert again["simulated_tau"] == pytest.approx(best["eval/simulated_tau"], rel=1e-5)
+
+
 @pytest.mark.parametrize("version", [3, 1])
 def test_positions_all_trains_on_every_real_token_and_evaluates_answers(version):
     """loss.positions=all: in training every real token's next-token distribution is learnt (prompt
@@ -299,7 +324,10 @@ def test_training_on_cached_features_matches_online(tmp_path, monkeypatch, capsy
     (EAGLE3, "eagle.draft_vocab_size=100000", "draft_vocab_size=100000"),
     (EAGLE1, "eagle.feature_layers=[0,1,2]", "EAGLE-1 reads one feature layer"),
     (EAGLE3, "loss.ttt_steps=0", "loss.ttt_steps must be >= 1"),
-], ids=["unknown-key", "layer-outside-depth", "draft-vocab-too-large", "eagle1-three-layers", "ttt-steps-0"])
+    (EAGLE3, "loss.kind=kld", "loss.kind: unknown loss kind 'kld'; choose one of ce, kl, rkl, jsd, tv, lk_alpha"),
+    (EAGLE3, "train.select_best=loss", "train.select_best must be one of last, simulated_tau"),
+], ids=["unknown-key", "layer-outside-depth", "draft-vocab-too-large", "eagle1-three-layers", "ttt-steps-0",
+        "unknown-loss-kind", "unknown-best-metric"])
 def test_bad_input_is_one_line_error(tmp_path, capsys, config, override, message):
     with pytest.raises(SystemExit) as exc:
         main(["--config", str(config), f"train.output_dir={tmp_path / 'run'}", "train.trackers=[]", override])

@@ -24,6 +24,33 @@ def test_labels_are_token_t_plus_k_plus_2_on_assistant_positions():
     assert int(m["head0/count"]) == 2 and int(m["head1/count"]) == 2  # head 1: t=0 -> 4, t=1 -> 5
 
 
+@pytest.mark.parametrize("kind", ["kl", "lk_alpha"])
+def test_soft_kinds_train_head_k_on_the_targets_distribution_at_t_plus_k_plus_1(kind):
+    """loss.kind other than ce: head k at t learns the target's own distribution for token t+k+2,
+    softmax(lm_head @ hidden[t+k+1]); the accuracy stays against the data's tokens."""
+    heads = MedusaHeads(MedusaConfig(hidden_size=4, vocab_size=10, num_heads=2))
+    torch.manual_seed(0)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p)
+    rows = torch.randn(10, 4)  # the target's lm_head
+    hidden = torch.randn(1, 6, 4)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0]])
+    loss, m = medusa_loss(heads, hidden, ids, mask, [1.0, 0.5], kind=kind, target_rows=rows)
+    expected = 0.0
+    for k, weight in enumerate([1.0, 0.5]):
+        t = torch.tensor([1, 2]) - k  # head k at t predicts ids[t+k+2] = 4, 5
+        q = heads.head_logits(hidden[0, t], k).log_softmax(-1)
+        p = (hidden[0, t + k + 1] @ rows.T).log_softmax(-1)
+        rowwise = (p.exp() * (p - q)).sum(-1) if kind == "kl" else -torch.minimum(p.exp(), q.exp()).sum(-1).log()
+        expected = expected + weight * rowwise.mean()
+        hits = (heads.head_logits(hidden[0, t], k).argmax(-1) == torch.tensor([4, 5])).sum()
+        assert int(m[f"head{k}/top1"]) == int(hits)
+    torch.testing.assert_close(loss, expected)
+    with pytest.raises(ValueError, match="needs the target's distribution"):
+        medusa_loss(heads, hidden, ids, mask, [1.0, 0.5], kind=kind)
+
+
 def test_heads_without_positions_still_get_gradients():
     """Every head's parameters stay in the graph (DDP reduces all of them every step)."""
     heads = MedusaHeads(MedusaConfig(hidden_size=4, vocab_size=10, num_heads=3))

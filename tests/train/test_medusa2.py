@@ -168,6 +168,10 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
         m2.train(tiny_cfg(tmp_path / "b", "lora.target_modules=[q_proj,qkv]"))
     with pytest.raises(ValueError, match="share_lm_head=true"):
         m2.train(tiny_cfg(tmp_path / "c", "lora.train_lm_head=true", "heads.share_lm_head=true"))
+    with pytest.raises(ValueError, match="loss.kind=kl with lora.train_lm_head=true"):
+        m2.train(tiny_cfg(tmp_path / "f", "lora.train_lm_head=true", "loss.kind=kl"))
+    with pytest.raises(ValueError, match="loss.kind: unknown loss kind 'nla'"):
+        m2.train(tiny_cfg(tmp_path / "g", "loss.kind=nla"))
     with pytest.raises(ValueError, match="Medusa-2 under FSDP is not supported"):
         m2.train(tiny_cfg(tmp_path / "e", "train.fsdp=true"))
     with pytest.raises(ValueError, match="no adapter_config.json"):
