@@ -63,6 +63,9 @@ class EagleConfig(DrafterConfig):
     draft_vocab_size: int | None = None  # score only this many target tokens (d2t/t2d); None: all
     fc_bias: bool | None = None  # None: True for EAGLE-1 (as the official code), False for EAGLE-3
     store_embeddings: bool = False  # keep a frozen copy of the target's embedding in the checkpoint
+    # EAGLE-3.1: an RMSNorm on each captured layer's state before ``fc`` (``fc_norm.{i}``), and the post-norm
+    # state (the one the lm_head reads) fed to the next step; vLLM/speculators' fc_norm + norm_output
+    normalize_features: bool = False
 
     drafter_type_name = "eagle"
 
@@ -81,6 +84,9 @@ class EagleConfig(DrafterConfig):
         if self.version == 1 and self.num_target_layers is not None and self.feature_layers != [self.num_target_layers]:
             raise ValueError(f"EAGLE-1 extrapolates the target's final-norm feature (layer {self.num_target_layers}), "
                              f"got feature_layers={self.feature_layers}; drop eagle.feature_layers for EAGLE-1")
+        if self.normalize_features and self.version != 3:
+            raise ValueError("normalize_features (EAGLE-3.1) normalises each of EAGLE-3's fused feature layers; "
+                             "EAGLE-1 reads one final-norm feature: set version=3 or normalize_features=false")
         if self.fc_bias is None:
             self.fc_bias = self.version == 1
         if self.head_dim is None:
@@ -205,7 +211,7 @@ class EagleHead(DraftVocabulary, Drafter):
             num_target_layers=tcfg.num_hidden_layers)
         if config is not None:
             fields.update({k: getattr(config, k) for k in ("version", "feature_layers", "draft_vocab_size",
-                                                           "fc_bias", "store_embeddings")})
+                                                           "fc_bias", "store_embeddings", "normalize_features")})
             if config.fc_bias == (config.version == 1):
                 fields["fc_bias"] = None  # the version's default
         if version is not None:
@@ -310,7 +316,11 @@ class EagleHead(DraftVocabulary, Drafter):
         emb = self.embed(input_ids)
         hidden = hidden.to(emb.dtype)
         cos, sin = self.rotary_emb(hidden, position_ids)
-        return self.layer(self.step_input(emb, hidden), emb, cos, sin, attention_mask, cache, ttt)
+        return self.step_output(self.layer(self.step_input(emb, hidden), emb, cos, sin, attention_mask, cache, ttt))
+
+    def step_output(self, h: torch.Tensor) -> torch.Tensor:
+        """The decoder layer's output [..., H] -> the step's output (fed back and scored); as it is by default."""
+        return h
 
     def extend(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                cache: DraftCache) -> torch.Tensor:
@@ -386,16 +396,22 @@ class Eagle1Head(EagleHead):
 
 class Eagle3Head(EagleHead):
     """EAGLE-3: ``fc`` fuses the captured layers, the decoder layer (``midlayer``) reads the normed
-    embedding beside the normed hidden state, then ``norm`` and an own ``lm_head`` (draft vocabulary)."""
+    embedding beside the normed hidden state, then ``norm`` and an own ``lm_head`` (draft vocabulary).
+
+    EAGLE-3.1 (``normalize_features``): ``fc_norm[i]`` normalises captured layer i before ``fc``, and a
+    step's output is ``norm`` of the layer's (what the lm_head reads, and what the next step reads);
+    vLLM's ``fc_norm`` + ``norm_output``."""
 
     version = 3
 
     def _build(self, config: EagleConfig) -> None:
         h = config.hidden_size
-        self.fc = nn.Linear(config.feature_width, h, bias=config.fc_bias)
-        self.midlayer = Eagle3Layer(config)
         from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+        if config.normalize_features:  # one norm per captured layer, before fc (in feature_layers' order)
+            self.fc_norm = nn.ModuleList([LlamaRMSNorm(h, eps=config.rms_norm_eps) for _ in config.feature_layers])
+        self.fc = nn.Linear(config.feature_width, h, bias=config.fc_bias)
+        self.midlayer = Eagle3Layer(config)
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.output_size, bias=False)
 
@@ -408,10 +424,18 @@ class Eagle3Head(EagleHead):
         self.lm_head.weight.copy_(self.draft_rows(weight).to(self.lm_head.weight.dtype))
 
     def input_hidden(self, features: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.check_features(features))  # [..., k*H] -> [..., H]
+        features = self.check_features(features)  # [..., k*H]
+        if self.config.normalize_features:  # each captured layer's state normalised on its own
+            parts = features.chunk(len(self.fc_norm), dim=-1)
+            features = torch.cat([norm(x) for norm, x in zip(self.fc_norm, parts)], dim=-1)
+        return self.fc(features)  # [..., k*H] -> [..., H]
 
     def step_input(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return hidden
 
+    def step_output(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(h) if self.config.normalize_features else h
+
     def projection(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.norm(h), self.lm_head.weight
+        # EAGLE-3.1's step output is normed already (step_output)
+        return (h if self.config.normalize_features else self.norm(h)), self.lm_head.weight

@@ -27,11 +27,14 @@ def _describe_eagle1(info: dict) -> str:
 
 
 def _describe_eagle3(info: dict) -> str:
+    if info.get("normalize_features"):
+        return (f"EAGLE-3.1 drafter: one decoder layer over fused target layers {info.get('feature_layers')}, each "
+                f"normalised before fc, post-norm states fed back, own lm_head ({_vocab(info)})")
     return (f"EAGLE-3 drafter: one decoder layer over fused target layers {info.get('feature_layers')}, "
             f"own lm_head ({_vocab(info)})")
 
 
-_EAGLE_INFO = ("version", "feature_layers", "num_target_layers", "intermediate_size")
+_EAGLE_INFO = ("version", "feature_layers", "num_target_layers", "intermediate_size", "normalize_features")
 _EAGLE_IMPORTS = EAGLE_FORMATS  # import_eagle reads either version from any of them
 _EAGLE_TRAINING = {"eagle": TrainingMethod("headway.train.eagle", "an EAGLE-1 or EAGLE-3 drafter (eagle.version)",
                                            "eagle/eagle3-tiny")}

@@ -135,8 +135,9 @@ def eagle3_loss(head, features: torch.Tensor, last: torch.Tensor, input_ids: tor
             rb, rt = seen.nonzero(as_tuple=True)  # [n_i]
             learn = valid[rb, rt + i]  # of those, the rows the loss learns from (target's choice in the draft vocabulary)
             # the draft's logits lm_head(norm h) against the target's distribution at position t+1+i
+            x, weight = head.projection(h[rb, rt])  # norm(h) (EAGLE-3.1: h, normed by the step) and lm_head
             ce_sum, top1, top5 = linear_cross_entropy(
-                head.norm(h[rb, rt]), head.lm_head.weight, labels_all[rb, rt + i], learn=learn,
+                x, weight, labels_all[rb, rt + i], learn=learn,
                 target=t_logp[rb, rt + i], project=head.lm_head, chunk_size=chunk_size, kind=kind, lk_decay=lk_decay)
             total = total + decay ** i * ce_sum / learn.sum().clamp_min(1)
             metrics.update(_counts(f"step{i}", ce_sum, top1, top5, count))

@@ -159,6 +159,10 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
     if cfg.fc_bias:
         raise ValueError(f"the {fmt!r} layout has no fc bias (SGLang, vLLM and speculators build fc without one); "
                          "this EAGLE-3 head has fc_bias=True and cannot be exported")
+    if fmt == "sglang" and cfg.normalize_features:
+        raise ValueError("this head is EAGLE-3.1 (normalize_features: a norm per feature layer, post-norm states fed "
+                         "back); the 'sglang' layout has neither: export it as 'speculators' (vLLM's fc_norm + "
+                         "norm_output)")
     if fmt == "sglang" and len(cfg.feature_layers) != 3:
         raise ValueError(f"SGLang and vLLM read exactly 3 target layers for EAGLE-3 (fc is 3 x hidden wide); "
                          f"this head reads {len(cfg.feature_layers)} ({cfg.feature_layers})")
@@ -166,6 +170,9 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
     warn_inexact_layers(layers, cfg.num_target_layers, fmt)
     prefix = "midlayer." if fmt == "sglang" else speculators.LAYER_PREFIX
     tensors = {"fc.weight": fc}
+    if cfg.normalize_features:  # fc_norm.{i}: the norm of the i-th block of fc's input, in the engines' (sorted) order
+        order = sorted(range(len(cfg.feature_layers)), key=lambda j: cfg.feature_layers[j])
+        tensors.update({f"fc_norm.{i}.weight": state[f"fc_norm.{j}.weight"] for i, j in enumerate(order)})
     tensors.update({prefix + k: state[f"midlayer.{k}"] for k in EAGLE3_LAYER_KEYS})
     tensors["norm.weight"] = state["norm.weight"]
     tensors["lm_head.weight"] = state["lm_head.weight"]
@@ -190,7 +197,7 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
         return write_folder(out_dir, config, tensors, overwrite)
 
     config = speculators.speculators_config(cfg, dtype, vllm_ids, target_name_or_path or cfg.base_model_name_or_path,
-                                            speculative_tokens, meta)
+                                            speculative_tokens, meta, normalize_features=cfg.normalize_features)
     return write_folder(out_dir, config, tensors, overwrite)
 
 
@@ -340,8 +347,9 @@ def _parse_eagle1(folder, config, weights, depth_kw, base_kw, layers_kw):
 def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
     path = folder / CONFIG_NAME
     meta = config.get("headway") or {}
+    normalized = False
     if fmt == "speculators":
-        fields, ids, verifier = speculators.read_speculators_config(path, config)
+        fields, ids, verifier, normalized = speculators.read_speculators_config(path, config)
         engine = "vllm"
         base_from_folder = meta["base_model_name_or_path"] if "base_model_name_or_path" in meta else verifier
         prefix = speculators.LAYER_PREFIX
@@ -384,6 +392,8 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
         raise ValueError(f"{path} says draft_vocab_size {draft} but lm_head.weight has {lm_rows} rows")
     expected = {"fc.weight": (h, len(layers) * h), "norm.weight": (h,), "lm_head.weight": (lm_rows, h)}
     expected.update({prefix + k: s for k, s in layer_shapes(fields, 2 * h).items()})
+    if normalized:  # EAGLE-3.1: one norm per feature layer
+        expected.update({f"fc_norm.{i}.weight": (h,) for i in range(len(layers))})
     if "fc.weight" in weights and tuple(weights["fc.weight"].shape) != expected["fc.weight"]:
         raise ValueError(f"{folder / WEIGHTS_NAME}: fc.weight has shape {tuple(weights['fc.weight'].shape)}, but "
                          f"{len(layers)} feature layers {layers} of width {h} need {expected['fc.weight']}")
@@ -416,7 +426,7 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
             state["d2t"], state["t2d"] = d2t, t2d
     cfg = EagleConfig(version=3, **fields, num_target_layers=depth, feature_layers=layers,
                       draft_vocab_size=lm_rows if "d2t" in state else None, fc_bias=False,
-                      store_embeddings="embed_tokens.weight" in state,
+                      store_embeddings="embed_tokens.weight" in state, normalize_features=normalized,
                       base_model_name_or_path=pick_field(path, "base_model_name_or_path", base_from_folder, base_kw))
     return cfg, state
 

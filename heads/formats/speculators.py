@@ -1,7 +1,9 @@
 """EAGLE-3 drafters as vLLM's ``speculators`` package (0.9.0) writes and reads them
 (``speculators_model_type: "eagle3"``): the config (the drafter layer as ``transformer_layer_config``,
 the verifier, the proposal method) and its reading back. Tensors: ``fc.weight``, ``layers.0.*``,
-``norm.weight``, ``lm_head.weight``, and ``d2t``/``t2d`` when the vocabulary is reduced. Layer ids
+``norm.weight``, ``lm_head.weight``, ``d2t``/``t2d`` when the vocabulary is reduced, and for EAGLE-3.1
+(``fc_norm: true``, ``norm_output: true``: a norm per captured layer before ``fc``, the post-norm
+state fed to the next step) ``fc_norm.{i}.weight`` in the order of the layer ids. Layer ids
 use vLLM's numbering (headway's ids unchanged). Folder writing and the tensor checks are
 ``headway.heads.formats.eagle``'s, which exports and imports this layout beside the official ones."""
 
@@ -17,10 +19,11 @@ SPECULATORS_VERSION = "0.9.0"  # the speculators release whose eagle3 config and
 SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"
 LAYER_PREFIX = "layers.0."  # the drafter layer's tensors (headway's midlayer.*)
 _EXTRA_NORMS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+EAGLE31_NORMS = ("fc_norm", "norm_output")  # EAGLE-3.1 as vLLM reads it: both set, together
 
 
 def speculators_config(cfg: EagleConfig, dtype, layer_ids: list[int], verifier: str | None, speculative_tokens: int,
-                       meta: dict) -> dict:
+                       meta: dict, *, normalize_features: bool = False) -> dict:
     """config.json of the layout; ``layer_ids`` in vLLM's numbering, ``verifier`` the target's name or folder
     (a local folder's ``architectures`` are copied), ``meta`` headway's own block (engines ignore it)."""
     return {
@@ -32,6 +35,7 @@ def speculators_config(cfg: EagleConfig, dtype, layer_ids: list[int], verifier: 
         "target_hidden_size": cfg.hidden_size,
         "eagle_aux_hidden_state_layer_ids": layer_ids,
         **{norm: False for norm in _EXTRA_NORMS},
+        **({name: True for name in EAGLE31_NORMS} if normalize_features else {}),
         "speculators_config": {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
@@ -55,8 +59,9 @@ def check_model_type(path: Path, config: dict) -> None:
                          "speculators 'eagle3' drafters only")
 
 
-def read_speculators_config(path: Path, config: dict) -> tuple[dict, list[int] | None, str | None]:
-    """(EagleConfig's layer fields, the layer ids in vLLM's numbering or None, the verifier's name or folder)."""
+def read_speculators_config(path: Path, config: dict) -> tuple[dict, list[int] | None, str | None, bool]:
+    """(EagleConfig's layer fields, the layer ids in vLLM's numbering or None, the verifier's name or folder,
+    whether it is EAGLE-3.1: ``fc_norm`` and ``norm_output`` both set)."""
     layer_cfg = config.get("transformer_layer_config")
     if not isinstance(layer_cfg, dict):
         raise ValueError(f"{path} lacks a transformer_layer_config object")
@@ -64,8 +69,10 @@ def read_speculators_config(path: Path, config: dict) -> tuple[dict, list[int] |
     if "norm_before_residual" not in config:
         raise ValueError(f"{path} lacks norm_before_residual (speculators reads its absence as false, vLLM as "
                          "true); add the value the drafter was trained with")
-    odd = [k for k in _EXTRA_NORMS if config.get(k)]
+    normalized = all(config.get(k) for k in EAGLE31_NORMS)
+    odd = [k for k in _EXTRA_NORMS if config.get(k) and not (normalized and k in EAGLE31_NORMS)]
     if odd:
-        raise ValueError(f"{path} sets {odd}; headway's EAGLE-3 layer has none of these norms")
+        raise ValueError(f"{path} sets {odd}; headway reads EAGLE-3 (none of these norms) and EAGLE-3.1 (fc_norm and "
+                         "norm_output together), not this combination")
     verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-    return fields, config.get("eagle_aux_hidden_state_layer_ids"), verifier
+    return fields, config.get("eagle_aux_hidden_state_layer_ids"), verifier, normalized

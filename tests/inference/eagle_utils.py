@@ -12,8 +12,10 @@ from headway.inference.verify import probs
 from headway.train.eagle_losses import eagle1_loss, eagle3_loss
 
 
-def train_eagle(target, version: int, seed: int = 0, steps: int = 150, low: int = 4, draft_vocab: int | None = None):
-    """A trained EAGLE-1 or EAGLE-3 head (fp32 training, returned in the target's dtype)."""
+def train_eagle(target, version: int, seed: int = 0, steps: int = 150, low: int = 4, draft_vocab: int | None = None,
+                **config):
+    """A trained EAGLE-1 or EAGLE-3 head (fp32 training, returned in the target's dtype); ``config``:
+    EagleConfig fields (e.g. ``normalize_features=True``: EAGLE-3.1)."""
     g = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     prompts = torch.randint(low, vocab, (192, 6), generator=g)
@@ -25,7 +27,7 @@ def train_eagle(target, version: int, seed: int = 0, steps: int = 150, low: int 
     if draft_vocab:
         counts = torch.bincount(seqs[:, 6:].flatten(), minlength=vocab)
         extra = dict(draft_vocab_size=draft_vocab, draft_tokens=counts.topk(draft_vocab).indices)
-    head = EagleHead.from_target(target, version=version, **extra).float()
+    head = EagleHead.from_target(target, version=version, **extra, **config).float()
     depth = head.config.num_target_layers
     layers = head.config.feature_layers + ([depth] if depth not in head.config.feature_layers else [])
     feats = capture_features(target, seqs, layers).float()

@@ -31,6 +31,27 @@ def test_greedy_equals_generate(family, eagle, name):
     assert tau > floor, f"{family.name}/{name}: tau {tau:.2f} (floor {floor})"
 
 
+def test_eagle31_greedy_equals_generate(family):
+    """EAGLE-3.1 (normalize_features), trained with the real loss: output identical to generate with
+    non-trivial acceptance. (What its norms compute is checked against vLLM's speculators package:
+    tests/heads/formats/test_speculators.py.)"""
+    from tests.inference.eagle_utils import train_eagle
+
+    head = train_eagle(family.target, 3, seed=FAMILY_SEEDS_31[family.name], steps=100, draft_vocab=150,
+                       normalize_features=True)
+    assert head.config.normalize_features and len(head.fc_norm) == 3
+    gen = SpeculativeGenerator(family.target, head, tree="tree-15")
+    new = passes = 0
+    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:12]):
+        out = gen.generate(prompt, max_new_tokens=max_new)
+        assert torch.equal(out.sequences, ref), f"{family.name}/eagle3.1: prompt {i} differs from generate"
+        new, passes = new + out.stats.new_tokens, passes + out.stats.target_forward_passes
+    assert new / passes > 1.4, f"{family.name}/eagle3.1: tau {new / passes:.2f}"
+
+
+FAMILY_SEEDS_31 = {"llama": 5, "qwen2": 6}
+
+
 def test_greedy_eager_attention_and_eos(family, eagle):
     family.target.set_attn_implementation("eager")
     try:

@@ -42,6 +42,7 @@ class Models:
     heads: torch.nn.Module  # Medusa heads self-distilled from the target
     eagle1: torch.nn.Module  # EAGLE-1 head (full vocabulary) self-distilled from the target
     eagle3: torch.nn.Module  # EAGLE-3 head over a reduced 6-token draft vocabulary
+    eagle31: torch.nn.Module  # EAGLE-3.1 (normalize_features): norms per feature layer, post-norm states fed back
 
 
 # name -> how to build its WiringCase(drafter, tree, q_ref, check_draft) from the Models: a new drafter
@@ -66,6 +67,7 @@ WIRING = {
     # run over the target's features of the context, then over its own states along the path)
     "eagle1-chain": lambda m: WiringCase(m.eagle1, "chain-2", q_ref=eagle_q_ref(m.target, m.eagle1)),
     "eagle3-tree": lambda m: WiringCase(m.eagle3, TREE, q_ref=eagle_q_ref(m.target, m.eagle3)),
+    "eagle31-tree": lambda m: WiringCase(m.eagle31, TREE, q_ref=eagle_q_ref(m.target, m.eagle31)),
     # EAGLE-2 dynamic trees draft deterministically (top-k by cumulative log-probability)
     "eagle3-dynamic": lambda m: WiringCase(m.eagle3, {"depth": 3, "top_k": 2, "total_tokens": 5}, fixed_shape=False),
 }
@@ -81,7 +83,8 @@ def models():
     heads = train_medusa(target, num_heads=2, steps=200, seed=2, low=0).double()  # right often, not always
     eagle1 = train_eagle(target, 1, seed=2, steps=60, low=0)
     eagle3 = train_eagle(target, 3, seed=2, steps=60, low=0, draft_vocab=6)
-    return Models(target, draft, heads, eagle1, eagle3)
+    eagle31 = train_eagle(target, 3, seed=3, steps=60, low=0, draft_vocab=6, normalize_features=True)
+    return Models(target, draft, heads, eagle1, eagle3, eagle31)
 
 
 @pytest.fixture(scope="module")

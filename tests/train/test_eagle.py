@@ -155,6 +155,26 @@ def test_lk_loss_trains_and_the_best_evaluation_is_exported(tmp_path):
     assert again["simulated_tau"] == pytest.approx(best["eval/simulated_tau"], rel=1e-5)
 
 
+def test_eagle31_trains_exports_and_loads_back(tmp_path):
+    """eagle.normalize_features=true (EAGLE-3.1) through the one loop: it learns, its per-layer norms
+    are saved and read back, and the exported drafter scores the held-out data as reported."""
+    from headway.heads.target import load_target
+    from headway.train.data import build_datasets
+
+    out = tmp_path / "run"
+    cfg = tiny_cfg(EAGLE3, out, "train.trackers=[]", "train.max_steps=30", "eagle.normalize_features=true")
+    final = train(cfg)
+    evals = _evals(out)
+    assert final["step0/top1"] > evals[0]["eval/step0/top1"] + 0.15, (evals[0], final)
+    head = load_drafter(out)
+    assert head.config.normalize_features and len(head.fc_norm) == len(head.config.feature_layers)
+    assert any(not torch.equal(n.weight, torch.ones_like(n.weight)) for n in head.fc_norm)  # trained
+    target, tok = load_target(cfg.model)
+    again = _heldout_metrics(head.bind_target(target), target, cfg, build_datasets(cfg.data, tok, cfg.model)[1],
+                             cfg.train.eval_batch_size)
+    assert again["simulated_tau"] == pytest.approx(final["simulated_tau"], rel=1e-5)
+
+
 @pytest.mark.parametrize("version", [3, 1])
 def test_positions_all_trains_on_every_real_token_and_evaluates_answers(version):
     """loss.positions=all: in training every real token's next-token distribution is learnt (prompt
@@ -324,10 +344,11 @@ def test_training_on_cached_features_matches_online(tmp_path, monkeypatch, capsy
     (EAGLE3, "eagle.draft_vocab_size=100000", "draft_vocab_size=100000"),
     (EAGLE1, "eagle.feature_layers=[0,1,2]", "EAGLE-1 reads one feature layer"),
     (EAGLE3, "loss.ttt_steps=0", "loss.ttt_steps must be >= 1"),
+    (EAGLE1, "eagle.normalize_features=true", "normalize_features (EAGLE-3.1) normalises each of EAGLE-3's"),
     (EAGLE3, "loss.kind=kld", "loss.kind: unknown loss kind 'kld'; choose one of ce, kl, rkl, jsd, tv, lk_alpha"),
     (EAGLE3, "train.select_best=loss", "train.select_best must be one of last, simulated_tau"),
 ], ids=["unknown-key", "layer-outside-depth", "draft-vocab-too-large", "eagle1-three-layers", "ttt-steps-0",
-        "unknown-loss-kind", "unknown-best-metric"])
+        "eagle31-on-eagle1", "unknown-loss-kind", "unknown-best-metric"])
 def test_bad_input_is_one_line_error(tmp_path, capsys, config, override, message):
     with pytest.raises(SystemExit) as exc:
         main(["--config", str(config), f"train.output_dir={tmp_path / 'run'}", "train.trackers=[]", override])

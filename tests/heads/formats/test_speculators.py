@@ -2,6 +2,7 @@
 verifier it names, the package itself loading the export, and the config read back."""
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 
 from headway.heads import EagleConfig
 from headway.heads.formats.convert import convert
+from headway.heads.formats.eagle import import_eagle
 from headway.heads.formats.speculators import (SPECULATORS_VERSION, check_model_type, is_speculators,
                                                read_speculators_config, speculators_config)
 from tests.heads.formats.helpers import (DRAFT_IDS, LAYER3, config_and_tensors, eagle_head, export_quietly, quiet,
@@ -62,12 +64,18 @@ def test_the_config_reads_back_what_it_writes(tmp_path):
     assert config["headway"] == {"num_target_layers": 32}
     assert config["speculators_config"]["verifier"] == {"name_or_path": str(verifier),
                                                         "architectures": ["LlamaForCausalLM"]}
-    fields, ids, name = read_speculators_config(Path("p"), config)
-    assert ids == [2, 16, 29] and name == str(verifier)
+    fields, ids, name, normalized = read_speculators_config(Path("p"), config)
+    assert ids == [2, 16, 29] and name == str(verifier) and not normalized
     assert fields == {k: getattr(cfg, k) for k in fields}
     check_model_type(Path("p"), config)
-    with pytest.raises(ValueError, match=r"p sets \['fc_norm'\]; headway's EAGLE-3 layer has none of these norms"):
-        read_speculators_config(Path("p"), {**config, "fc_norm": True})
+    eagle31 = speculators_config(cfg, torch.float32, [2, 16, 29], None, 3, {}, normalize_features=True)
+    assert eagle31["fc_norm"] is eagle31["norm_output"] is True and eagle31["norm_before_fc"] is False
+    assert read_speculators_config(Path("p"), eagle31)[3]
+    for odd, named in [({"fc_norm": True}, "['fc_norm']"), ({"norm_output": True}, "['norm_output']"),
+                       ({"fc_norm": True, "norm_output": True, "norm_before_fc": True}, "['norm_before_fc']")]:
+        with pytest.raises(ValueError, match=rf"p sets {re.escape(named)}; headway reads EAGLE-3 .* and EAGLE-3.1 "
+                                             r"\(fc_norm and norm_output together\)"):
+            read_speculators_config(Path("p"), {**config, **odd})
     with pytest.raises(ValueError, match="p lacks a transformer_layer_config object"):
         read_speculators_config(Path("p"), {k: v for k, v in config.items() if k != "transformer_layer_config"})
     unnamed = speculators_config(cfg, torch.float32, [2, 16, 29], None, 3, {})
@@ -111,3 +119,66 @@ def test_speculators_package_loads_the_export(tiny_llama, tmp_path, reduced):
         head.bind_target(target)
         mine = head.logits(head(ids, head.input_hidden(feats), pos))
     torch.testing.assert_close(theirs_logits, mine)
+
+
+def test_speculators_package_computes_what_the_eagle31_export_computes(tiny_llama, tmp_path):
+    """EAGLE-3.1 (eagle.normalize_features): vLLM's speculators package reads fc_norm + norm_output and
+    the fc_norm.{i} tensors; its modules, in the order its own forward runs them (per-layer norms,
+    fc, the layer, norm fed back and scored), give our two draft steps' logits and states."""
+    pytest.importorskip("speculators")
+    from speculators import SpeculatorModel
+
+    target, _ = tiny_llama
+    head = eagle_head(target, 3, config=EagleConfig(normalize_features=True, feature_layers=[1, 0, 2]))
+    with torch.no_grad():
+        for norm in head.fc_norm:
+            norm.weight.uniform_(0.5, 1.5)  # distinct norms: a swapped order would show
+    verifier = tmp_path / "target"
+    target.save_pretrained(verifier)
+    out = export_quietly(head, tmp_path / "p", "speculators", target_name_or_path=str(verifier))
+    config, tensors = config_and_tensors(out)
+    assert config["fc_norm"] is True and config["norm_output"] is True
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # sorted, fc's blocks and norms with them
+    assert torch.equal(tensors["fc_norm.0.weight"], head.fc_norm[1].weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SpeculatorModel.from_pretrained(str(out))
+    assert model.config.fc_norm and model.config.norm_output and len(model.fc_norm) == 3
+    model.config.transformer_layer_config._attn_implementation = "sdpa"
+    ids, pos = torch.randint(0, 218, (1, 6)), torch.arange(6)[None]
+    ids2 = torch.randint(0, 218, (1, 6))
+    feats = torch.randn(1, 6, head.config.feature_width)  # in headway's feature order [1, 0, 2]
+    sorted_feats = torch.cat([feats[..., 64:128], feats[..., :64], feats[..., 128:]], -1)  # the engines' [0, 1, 2]
+
+    def their_step(tokens, hidden, positions):
+        x = torch.cat([model.embed_tokens(tokens), hidden], dim=-1)
+        h = model.layers[0](x, attention_mask=None, position_ids=positions,
+                            position_embeddings=model.rotary_emb(x, positions))
+        h = model.norm(h[0] if isinstance(h, tuple) else h)  # norm_output: the normed state goes on
+        return h, model.lm_head(h)
+
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        chunks = sorted_feats.chunk(3, dim=-1)
+        fused = model.fc(torch.cat([n(c) for n, c in zip(model.fc_norm, chunks)], dim=-1))
+        t1, l1 = their_step(ids, fused, pos)
+        t2, l2 = their_step(ids2, t1, pos + 1)
+        head.bind_target(target)
+        h1 = head(ids, head.input_hidden(feats), pos)
+        h2 = head(ids2, h1, pos + 1)
+    torch.testing.assert_close(h1, t1)
+    torch.testing.assert_close(head.logits(h1), l1)
+    torch.testing.assert_close(head.logits(h2), l2)
+    back = quiet(import_eagle, out)
+    assert back.config.normalize_features and back.config.feature_layers == [0, 1, 2]
+    back.bind_target(target)
+    with torch.no_grad():
+        torch.testing.assert_close(back.logits(back(ids, back.input_hidden(sorted_feats), pos)), head.logits(h1))
+
+
+def test_eagle31_goes_to_the_speculators_layout_only(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    head = eagle_head(target, 3, config=EagleConfig(normalize_features=True))
+    with pytest.raises(ValueError, match="this head is EAGLE-3.1 .* export it as 'speculators'"):
+        export_quietly(head, tmp_path / "s", "sglang")
+    assert not (tmp_path / "s").exists()
