@@ -54,8 +54,9 @@ from headway.inference.draft_model import DraftModelProposer
 from headway.inference.generator import SpeculativeGenerator
 from headway.inference.prompt_lookup import PromptLookup
 from headway.inference.suffix_decoding import SuffixDecoding
+from headway.inference.lookahead import Lookahead
 
-FAMILIES = ("hf-lookup", "lookup", "medusa", "eagle", "draft-model")  # plain greedy always runs: the reference
+FAMILIES = ("hf-lookup", "lookup", "lookahead", "medusa", "eagle", "draft-model")  # plain greedy always runs: the reference
 DEMO_HEADS = str(Path("outputs", "demo", "quick", "heads"))  # make demo's Medusa heads, relative to the current folder
 DRAFTER_KINDS = {"medusa": "Medusa heads", "eagle": "an EAGLE drafter"}
 
@@ -131,6 +132,9 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
                                                                   tree=None))
         out["suffix decoding auto"] = ("headway", SpeculativeGenerator(target, SuffixDecoding(cross_request=False),
                                                                        tree="auto"))
+    if "lookahead" in families:  # the target drafts for itself: Jacobi window + n-gram pool (W, N, G)
+        out["lookahead 5/4/3"] = ("headway", SpeculativeGenerator(target, Lookahead(window=5, ngram=4, guesses=3),
+                                                                  tree=None))
     if "medusa" in families and heads_dir:
         heads = load_drafter(heads_dir)
         for tree in medusa_trees:

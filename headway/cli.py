@@ -169,6 +169,10 @@ def build_drafter(args, target_tokenizer, device):
 
     if args.prompt_lookup:
         return PromptLookup()
+    if args.lookahead:
+        from headway.inference import Lookahead
+
+        return Lookahead()
     model = None
     if args.drafter:
         from headway.heads import load_drafter
@@ -197,8 +201,8 @@ def run_generate(args) -> int:
     from headway.inference.inputs import check_generation, check_settings
 
     # bad input fails before any model loads: the same settings checks for plain and speculative decoding
-    if args.tree and not (args.drafter or args.prompt_lookup or args.draft_model):
-        raise ValueError("--tree needs a drafter: add --drafter, --prompt-lookup or --draft-model")
+    if args.tree and not (args.drafter or args.prompt_lookup or args.draft_model or args.lookahead):
+        raise ValueError("--tree needs a drafter: add --drafter, --prompt-lookup, --lookahead or --draft-model")
     check_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     device = resolve_device(args.device)
     if args.drafter:
@@ -248,6 +252,8 @@ def add_generate(sub) -> None:
     how = p.add_mutually_exclusive_group()
     how.add_argument("--drafter", metavar="FOLDER_OR_HUB_ID", help="a headway drafter (Medusa or EAGLE)")
     how.add_argument("--prompt-lookup", action="store_true", help="draft by copying n-grams from the context")
+    how.add_argument("--lookahead", action="store_true",
+                     help="lookahead decoding: the target drafts for itself (a Jacobi window and an n-gram pool)")
     how.add_argument("--draft-model", metavar="MODEL", help="a small causal LM sharing the target's tokenizer")
     p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
                    help="with --drafter or --draft-model: merge prompt lookup's copied branch into the drafter's tree "

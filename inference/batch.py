@@ -335,6 +335,8 @@ def accept_rows(gen, live: list[Row], drafts: list[Draft], logits: torch.Tensor,
         if row.setup.processors:
             row_logits = apply_processors(row.setup.processors, row.seq[:row.length], draft.tree, draft.tokens,
                                           row_logits)
+        if row.proposer.reads_outputs:  # lookahead decoding: the target's own next tokens at the row's nodes
+            row.proposer.observe_outputs(draft, row_logits.argmax(-1).tolist())
         if sampling is None:
             leaf, bonus = verify_greedy_tensors(*draft.tree.greedy_tensors(logits.device), draft.tokens,
                                                 row_logits.argmax(-1))

@@ -251,6 +251,8 @@ class SpeculativeGenerator:
                 if processors:  # each node scored as generate would score it after its own context
                     logits = apply_processors(processors, seq[:length], draft.tree, draft.tokens, logits)
                 path, new = self._accept(draft, logits, sampling, generator)
+                if drafter.reads_outputs:  # lookahead decoding: the target's own next tokens at the draft's nodes
+                    drafter.observe_outputs(draft, logits.argmax(-1).tolist())
                 compact_cache(cache, length - 1, path, width)
                 if capture:  # the prompt's features, then the accepted path's: positions length-1 .. length-1+accepted
                     rows = capture.pop()[0]  # [M + W, F]

@@ -41,6 +41,10 @@ class HybridProposer(Proposer):
         if len(drafters) < 1:
             raise ValueError("a hybrid drafter needs at least one drafter")
         self.drafters = [as_proposer(d) for d in drafters]
+        readers = [type(d).__name__ for d in self.drafters if d.reads_outputs]
+        if readers and len(self.drafters) > 1:
+            raise ValueError(f"{readers[0]} cannot join a hybrid list: it steps its own window with the target's "
+                             "outputs at its own nodes, which a merged tree renumbers; run it alone")
         self.max_extra_nodes = max_extra_nodes
         self.gated = len(self.drafters) > 1  # tree="auto": retrieval drafts every round, the gate decides the rest
         self._others = [None] * (len(self.drafters) - 1)  # the other drafters' own trees (resolve_tree)

@@ -77,6 +77,9 @@ class Proposer:
     # True: ``propose`` asks ``DraftContext.gate`` whether its costly part drafts this round (a hybrid's
     # model drafter), so tree="auto" never skips the drafter as a whole (its cheap part drafts every round)
     gated: bool = False
+    # True: after each verification the generator calls ``observe_outputs`` with the target's greedy choice
+    # after every node of the verified draft (one more host read a round; lookahead decoding's Jacobi step)
+    reads_outputs: bool = False
 
     def bind(self, target_model) -> None:
         """Check compatibility with the target (vocabulary, hidden size) and move to its device."""
@@ -105,6 +108,10 @@ class Proposer:
 
     def propose(self, ctx: DraftContext) -> Draft:
         raise NotImplementedError
+
+    def observe_outputs(self, draft: Draft, outputs: list[int]) -> None:
+        """(``reads_outputs`` drafters) the verified ``draft`` and the target's greedy token after each of
+        its nodes (outputs [N], the logits processors applied), whatever the round accepted."""
 
     def propose_steps(self, ctx: DraftContext) -> Generator["DraftRequest", object, Draft]:
         """``propose`` for a row of a batch, as a generator: it yields the model steps it needs run

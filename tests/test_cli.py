@@ -231,6 +231,11 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
                      "--max-new-tokens", "20", "--device", "cpu", "--tree", "default", flag]) == 0
         captured = capsys.readouterr()
         assert captured.out == greedy_text(tiny_target, 20) + "\n" and "tau 5.00" in captured.err, (flag, captured.err)
+    # lookahead decoding: the target drafts for itself, the same text
+    assert main(["generate", "--model", str(tiny_target), "--lookahead", "--prompt", PROMPT,
+                 "--max-new-tokens", "20", "--device", "cpu", "--tree", "default"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == greedy_text(tiny_target, 20) + "\n" and "target passes" in captured.err, captured.err
     chat.write_text('[{"role": "wizard", "content": "hi"}]')
     capsys.readouterr()
     assert main(["generate", "--model", str(tiny_target), "--chat-file", str(chat)]) == 2

@@ -26,7 +26,7 @@ from transformers import LogitsProcessorList, NoRepeatNGramLogitsProcessor, Repe
 import headway.inference.generator as generator_mod
 import headway.inference.processors as processors_mod
 import headway.inference.verify as verify_mod
-from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator, SuffixDecoding
+from headway.inference import DraftModelProposer, Lookahead, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from tests.inference.eagle_utils import eagle_q_ref, train_eagle
 from tests.inference.spec_utils import (PROMPT, SETTINGS, VerifyRecorder, WiringCase, check_wiring, chi2_pvalue, context_logits,
                         exact_joint, lm_q_ref, lookup_check, medusa_check, tiny_vocab_model, train_medusa)
@@ -57,6 +57,8 @@ WIRING = {
     # suffix decoding's every path follows an earlier occurrence of a context suffix, as prompt lookup's does
     "suffix": lambda m: WiringCase(SuffixDecoding(cross_request=False, max_spec_factor=4.0, min_token_prob=0.0),
                                    check_draft=lookup_check(SimpleNamespace(min_ngram_size=1, max_ngram_size=12))),
+    # lookahead decoding: the Jacobi window and pool candidates, deterministic, verified one-hot
+    "lookahead": lambda m: WiringCase(Lookahead(window=3, ngram=3, guesses=2), fixed_shape=False),
     # hybrids: deterministic trees merge (Medusa's top-k with copied branches), sampled ones (a draft
     # model's q) verify alone, the retrieval draft set aside that round
     "hybrid-medusa": lambda m: WiringCase([m.heads, PromptLookup(max_matches=2, max_ngram_size=2)], TREE,
