@@ -132,9 +132,10 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
                                                                   tree=None))
         out["suffix decoding auto"] = ("headway", SpeculativeGenerator(target, SuffixDecoding(cross_request=False),
                                                                        tree="auto"))
-    if "lookahead" in families:  # the target drafts for itself: Jacobi window + n-gram pool (W, N, G)
-        out["lookahead 5/4/3"] = ("headway", SpeculativeGenerator(target, Lookahead(window=5, ngram=4, guesses=3),
-                                                                  tree=None))
+    if "lookahead" in families:  # the target drafts for itself: Jacobi window + n-gram pool (W/N/G)
+        for w, n, g in ((5, 4, 3), (3, 3, 2)):  # the default (15 nodes a pass), and a narrower one (7)
+            out[f"lookahead {w}/{n}/{g}"] = ("headway", SpeculativeGenerator(
+                target, Lookahead(window=w, ngram=n, guesses=g), tree=None))
     if "medusa" in families and heads_dir:
         heads = load_drafter(heads_dir)
         for tree in medusa_trees:
