@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin, snapshot_download
@@ -43,6 +43,9 @@ class DrafterConfig:
     base_model_name_or_path: str | None = None  # the target the drafter was trained on
 
     drafter_type_name = "base"  # class attribute, not a field: overridden by each drafter
+    # fields added after a release whose absence from a saved config means the drafter they did not exist
+    # for (their default keeps its behaviour): read as the default; every other field must be present
+    later_fields: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self):
         if self.hidden_size < 1 or self.vocab_size < 1:
@@ -63,7 +66,7 @@ class DrafterConfig:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"{source}: unknown {cls.__name__} key(s) {unknown}; known keys: {sorted(names)}")
-        missing = sorted(names - set(data) - {"base_model_name_or_path"})
+        missing = sorted(names - set(data) - {"base_model_name_or_path", *cls.later_fields})
         if missing:  # a default would silently give the drafter another shape
             raise ValueError(f"{source} lacks {cls.__name__} key(s) {missing}; re-export the drafter")
         return cls(**data)

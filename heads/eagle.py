@@ -68,6 +68,7 @@ class EagleConfig(DrafterConfig):
     normalize_features: bool = False
 
     drafter_type_name = "eagle"
+    later_fields = ("normalize_features",)  # absent before EAGLE-3.1: an EAGLE-3 (or EAGLE-1) drafter
 
     def __post_init__(self):
         super().__post_init__()

@@ -37,16 +37,16 @@ def test_eagle31_greedy_equals_generate(family):
     tests/heads/formats/test_speculators.py.)"""
     from tests.inference.eagle_utils import train_eagle
 
-    head = train_eagle(family.target, 3, seed=FAMILY_SEEDS_31[family.name], steps=100, draft_vocab=150,
+    head = train_eagle(family.target, 3, seed=FAMILY_SEEDS_31[family.name], steps=50, draft_vocab=150,
                        normalize_features=True)
     assert head.config.normalize_features and len(head.fc_norm) == 3
     gen = SpeculativeGenerator(family.target, head, tree="tree-15")
     new = passes = 0
-    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:12]):
+    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:10]):
         out = gen.generate(prompt, max_new_tokens=max_new)
         assert torch.equal(out.sequences, ref), f"{family.name}/eagle3.1: prompt {i} differs from generate"
         new, passes = new + out.stats.new_tokens, passes + out.stats.target_forward_passes
-    assert new / passes > 1.4, f"{family.name}/eagle3.1: tau {new / passes:.2f}"
+    assert new / passes > 1.3, f"{family.name}/eagle3.1: tau {new / passes:.2f}"
 
 
 FAMILY_SEEDS_31 = {"llama": 5, "qwen2": 6}

@@ -56,7 +56,9 @@ def test_greedy_equals_generate_on_copy_prompts():
     model = tiny_vocab_model(seed=3)
     g = torch.Generator().manual_seed(0)
     for drafter in (PromptLookup(), PromptLookup(max_matches=4, max_nodes=16)):
-        tau = copy_prompt_tau(model, SpeculativeGenerator(model, drafter), g)  # a passage and the start of its copy
+        # the drafter's own tree every round: tree="auto"'s choices follow measured timings, so its tau moves
+        # with the machine's load (auto's exactness and payoff: test_auto.py)
+        tau = copy_prompt_tau(model, SpeculativeGenerator(model, drafter, tree=None), g)  # a passage and the start of its copy
         assert tau > 2.5, f"{drafter.max_matches} matches: tau {tau:.2f}"
 
 
