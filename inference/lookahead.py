@@ -29,7 +29,7 @@ from collections import OrderedDict
 
 import torch
 
-from headway.inference.prompt_lookup import build_trie
+from headway.inference.prompt_lookup import build_trie, trie_scores
 from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
 from headway.inference.tree import Tree
 
@@ -109,21 +109,23 @@ class Lookahead(Proposer):
         host = ctx.host_tokens if ctx.host_tokens is not None else ctx.host_context().tolist()
         length = len(host)
         if self.pool_from_prompt or self.seen:  # the prompt (first round) and the text accepted since
-            self.pool.add_text(host, self.seen if self.seen else 0)
+            self.pool.add_text(host, self.seen)
         self.seen = length
         cap = min(ctx.max_depth, ctx.tree.depth if ctx.tree is not None else ctx.max_depth)
         depth, width = min(self.ngram - 1, cap), min(self.window, cap)
         self._window = None
         if cap < 1:
             return root_only(ctx)
-        guesses = self._guesses(host, length, width)
+        guesses = self._guesses(host, length, width)  # width >= 1: the window is never empty
         conts = [c[:depth] for c in self.pool.lookup(host[-1], self.guesses)]
         self._window = (length, guesses)
-        parents, node_tokens = build_trie(conts + ([guesses] if guesses else []), self.max_nodes)
-        if len(parents) == 1:
-            return root_only(ctx)
+        branches = conts + [guesses]  # pool candidates first (the lower sibling ranks), then the window
+        parents, node_tokens = build_trie(branches, self.max_nodes)
         tokens = torch.tensor([host[-1]] + node_tokens, dtype=torch.long, device=ctx.tokens.device)
-        return Draft(Tree(parents, name="lookahead"), tokens, scores=_scores(conts, guesses, parents, node_tokens))
+        # a raw confidence per node for tree="auto" (which calibrates it against acceptance): a pool candidate's
+        # nodes 0.5 / (rank + 1), the window's 0.1 (a Jacobi guess is rarely right), the root 1
+        weights = [0.5 / (rank + 1) for rank in range(len(conts))] + [0.1]
+        return Draft(Tree(parents, name="lookahead"), tokens, scores=trie_scores(branches, weights, parents, node_tokens))
 
     def _guesses(self, host: list[int], length: int, width: int) -> list[int]:
         """The window for positions length .. length + width - 1: the last Jacobi step's outputs where it has
@@ -163,11 +165,3 @@ class Lookahead(Proposer):
                 self.pool.add(gram[::-1])
         self.latest = level
 
-
-def _scores(conts: list[list[int]], guesses: list[int], parents: list[int], tokens: list[int]) -> list[float]:
-    """A raw confidence per node for tree="auto" (which calibrates it against acceptance): a pool
-    candidate's nodes 0.5 / (rank + 1), the window's 0.1 (a Jacobi guess is rarely right), the root 1."""
-    from headway.inference.prompt_lookup import trie_scores
-
-    weights = [0.5 / (rank + 1) for rank in range(len(conts))] + ([0.1] if guesses else [])
-    return trie_scores(conts + ([guesses] if guesses else []), weights, parents, tokens)

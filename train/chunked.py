@@ -104,7 +104,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 xc = x[s:e].to(dtype)
                 logits = _chunk_logits(xc, w, acc)  # [c, V]
                 lse = logits.logsumexp(-1)  # [c]
-                p = None
+                keep = learn[s:e]
+                p = d = None  # d: d loss / d logits [c, V] where autograd gives it
                 if soft:
                     if target_logp is not None:  # the target's log-probabilities, computed once by the caller
                         t = target_logp[s:e].to(acc)  # [c, V]
@@ -113,34 +114,28 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                         t = t.sub_(t.logsumexp(-1, keepdim=True))
                     if own_labels:
                         labels[s:e] = t.argmax(-1)
-                    if kind not in CLOSED_FORM:  # another divergence: its chunk's rows and gradient by autograd
-                        keep = learn[s:e]
-                        row, d = _autograd_rows(logits, t, keep, kind, lk_decay)
-                        loss = loss + row[keep].sum()
-                        h1, hk = topk_counts(logits, labels[s:e], torch.ones_like(keep), k=min(k, logits.shape[1]))
-                        top1, topk = top1 + h1, topk + hk
-                        if need_x or need_w:
-                            _accumulate(d.to(dtype), xc, w, dx, dw, s, e, x.dtype, dtype == acc)
-                        continue
-                    p = t.exp_() if target_logp is None else t.exp()  # [c, V] the target's distribution
-                    row = lse - (p * logits).sum(-1)  # [c]: sum(p) = 1
-                    if kind == "kl":  # KL(p || q) = cross-entropy - H(p): the same gradient
-                        row = row + torch.xlogy(p, p).sum(-1)
+                    if kind not in CLOSED_FORM:  # another divergence: its rows (and gradient) by autograd
+                        row, d = _autograd_rows(logits, t, keep, kind, lk_decay, need_x or need_w)
+                    else:
+                        p = t.exp_() if target_logp is None else t.exp()  # [c, V] the target's distribution
+                        row = lse - (p * logits).sum(-1)  # [c]: sum(p) = 1
+                        if kind == "kl":  # KL(p || q) = cross-entropy - H(p): the same gradient
+                            row = row + torch.xlogy(p, p).sum(-1)
                 else:
                     row = lse - logits.gather(1, labels[s:e].clamp(0, logits.shape[1] - 1)[:, None])[:, 0]
-                keep = learn[s:e]
                 loss = loss + row[keep].sum()
                 h1, hk = topk_counts(logits, labels[s:e], torch.ones_like(keep), k=min(k, logits.shape[1]))
                 top1, topk = top1 + h1, topk + hk
                 if not (need_x or need_w):
                     continue
-                d = logits.sub_(lse[:, None]).exp_()  # [c, V] softmax q, in place
-                if p is None:  # d row / d logits = q - onehot(label)
-                    d.scatter_add_(1, labels[s:e].clamp(0, d.shape[1] - 1)[:, None], d.new_full((e - s, 1), -1.0))
-                else:  # = q - p
-                    d.sub_(p)
-                d = d.mul_(keep.to(acc)[:, None]).to(dtype)  # [c, V]: rows without loss give nothing
-                _accumulate(d, xc, w, dx, dw, s, e, x.dtype, dtype == acc)
+                if d is None:  # the closed forms
+                    d = logits.sub_(lse[:, None]).exp_()  # [c, V] softmax q, in place
+                    if p is None:  # d row / d logits = q - onehot(label)
+                        d.scatter_add_(1, labels[s:e].clamp(0, d.shape[1] - 1)[:, None], d.new_full((e - s, 1), -1.0))
+                    else:  # = q - p
+                        d.sub_(p)
+                    d = d.mul_(keep.to(acc)[:, None])  # rows without loss give nothing
+                _accumulate(d.to(dtype), xc, w, dx, dw, s, e, x.dtype, dtype == acc)
         dw = dw.to(weight.dtype) if need_w else None
         ctx.save_for_backward(dx, dw)
         ctx.mark_non_differentiable(top1, topk)
@@ -154,9 +149,12 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return dx, dw, None, None, None, None, None, None, None, None, None, None, None
 
 
-def _autograd_rows(logits: torch.Tensor, logp: torch.Tensor, keep: torch.Tensor, kind: str, lk_decay: float):
-    """One chunk's row losses [c] and the gradient [c, V] of their kept sum in ``logits`` (autograd
-    on this chunk only: the fused forward runs with gradients off)."""
+def _autograd_rows(logits: torch.Tensor, logp: torch.Tensor, keep: torch.Tensor, kind: str, lk_decay: float,
+                   grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk's row losses [c] and, with ``grad``, the gradient [c, V] of their kept sum in ``logits``
+    (autograd on this chunk only: the fused forward runs with gradients off); None without."""
+    if not grad:  # evaluation: the rows alone
+        return row_losses(logits.log_softmax(-1), logp, kind, lk_decay), None
     with torch.enable_grad():
         leaf = logits.detach().requires_grad_(True)
         row = row_losses(leaf.log_softmax(-1), logp, kind, lk_decay)  # [c]

@@ -87,6 +87,12 @@ def draft_vocabulary(setup: RunSetup, size: int | None) -> list[int] | None:
     return frequent_tokens(setup.train_data, size, setup.target.config.get_text_config().vocab_size)
 
 
+def target_rows(drafter, target):
+    """The frozen target's lm_head rows of ``drafter``'s draft vocabulary, [V', H] fp32: the projection of
+    the target's distribution that soft losses train against."""
+    return drafter.draft_rows(target.get_output_embeddings().weight.detach()).float().contiguous()
+
+
 def describe(setup: RunSetup, features: str) -> None:
     acc = setup.acc
     acc.print(f"{len(setup.train_data)} training / {len(setup.eval_data)} held-out sequences, "

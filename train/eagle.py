@@ -19,7 +19,8 @@ import torch
 
 from headway.heads.eagle import EagleConfig, EagleHead
 from headway.heads.target.features import capture_features, num_layers
-from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
+from headway.train.common import (describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run,
+                                  target_rows)
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
 from headway.train.chunked import DEFAULT_CHUNK_SIZE
@@ -86,8 +87,7 @@ class EagleTrainingModule(torch.nn.Module):
         self.loss = loss
         self.depth = num_layers(target)
         self.layers = needed_layers(head.config, self.depth)
-        rows = head.draft_rows(target.get_output_embeddings().weight.detach())
-        self.register_buffer("target_rows", rows.float().contiguous(), persistent=False)  # [V', H]
+        self.register_buffer("target_rows", target_rows(head, target), persistent=False)  # [V', H]
         self.register_buffer("draft_index", head.draft_index(), persistent=False)  # [V] or None
 
     def forward(self, batch: dict[str, torch.Tensor]):

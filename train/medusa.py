@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from headway.heads import MedusaConfig, MedusaHeads
-from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
+from headway.train.common import (describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run,
+                                  target_rows)
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
 from headway.train.batches import last_hidden_state
@@ -90,10 +91,6 @@ class MedusaTrainingModule(torch.nn.Module):
                            chunk_size=self.chunk_size, kind=self.loss.kind, target_rows=self.target_rows,
                            lk_decay=self.loss.lk_decay)
 
-
-def target_rows(heads: MedusaHeads, target) -> torch.Tensor:
-    """The frozen target's lm_head rows of the draft vocabulary, [V', H] fp32: the soft targets' projection."""
-    return heads.draft_rows(target.get_output_embeddings().weight.detach()).float().contiguous()
 
 
 class MedusaMethod(Method):

@@ -29,12 +29,13 @@ import torch
 import torch.nn.functional as F
 
 from headway.heads import MedusaHeads
-from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
+from headway.train.common import (describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run,
+                                  target_rows)
 from headway.train.config import to_dict
 from headway.train.loop import Method, TrainConfig, run_training
 from headway.train.accelerator import fsdp_requested, zero_stage
 from headway.train.losses import DEFAULT_CHUNK_SIZE, head_weights, medusa_loss
-from headway.train.medusa import LossConfig, MedusaRunConfig, target_rows
+from headway.train.medusa import LossConfig, MedusaRunConfig
 
 ADAPTER_DIR = "adapter"  # peft's own layout: adapter_config.json + adapter_model.safetensors
 MERGED_DIR = "merged"  # the tuned target with the adapter merged in (merge: true)
