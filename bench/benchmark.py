@@ -94,12 +94,22 @@ EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5",
 DEFAULT_EAGLE_TREES = [name for name in EAGLE_TREES if not name.endswith("-unpruned")]
 
 
-def with_lookup(drafter, lookup: bool) -> list:
-    """The drafter alone, and with prompt lookup merged into its tree (a hybrid) when ``lookup``."""
-    return [("", drafter)] + ([(" + lookup", [drafter, PromptLookup()])] if lookup else [])
+RETRIEVAL = {"lookup": lambda: PromptLookup(), "suffix": lambda: SuffixDecoding(cross_request=False)}
 
 
-def eagle_methods(target, folder: str, trees, taken=(), lookup: bool = False) -> dict:
+def retrieval_kinds(lookup) -> tuple:
+    """``lookup`` as the retrieval drafters to merge: True is prompt lookup alone, False none, else names of
+    RETRIEVAL."""
+    return ("lookup",) if lookup is True else () if not lookup else tuple(lookup)
+
+
+def with_lookup(drafter, lookup) -> list:
+    """The drafter alone, and with each retrieval drafter of ``lookup`` (see retrieval_kinds) merged into its
+    tree (a hybrid): "... + lookup", "... + suffix"."""
+    return [("", drafter)] + [(f" + {kind}", [drafter, RETRIEVAL[kind]()]) for kind in retrieval_kinds(lookup)]
+
+
+def eagle_methods(target, folder: str, trees, taken=(), lookup=False) -> dict:
     """One method per tree. A drafter whose label is already ``taken`` (another drafter of the same
     version) is labelled with its folder's name too, or with the whole path where that is taken as well
     or the folder's name is the label itself (two runs' ``eagle3`` folders)."""
@@ -114,9 +124,10 @@ def eagle_methods(target, folder: str, trees, taken=(), lookup: bool = False) ->
 
 
 def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eagle_trees=tuple(DEFAULT_EAGLE_TREES),
-            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup: bool = False) -> dict:
+            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup=False) -> dict:
     """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator), for the chosen families;
-    ``lookup``: each trained drafter also as a hybrid with prompt lookup ("... + lookup")."""
+    ``lookup``: each trained drafter also as a hybrid with prompt lookup ("... + lookup"; True) or with each
+    retrieval drafter named (("lookup", "suffix"): "... + suffix" merges suffix decoding)."""
     out = {"plain": ("hf", {})}
     if "hf-lookup" in families:
         out["hf prompt lookup (10)"] = ("hf", {"prompt_lookup_num_tokens": 10})
@@ -371,7 +382,10 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="run the whole prompt set this many times; the table pools them and adds each run's speedup")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest and steadiest on small CPUs)")
     p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run each Medusa/EAGLE tree as a hybrid with prompt lookup merged into it (+ lookup rows)")
+                   help="also run each Medusa/EAGLE tree as a hybrid with retrieval merged into it (+ lookup rows)")
+    p.add_argument("--hybrid-retrieval", default="lookup",
+                   help=f"the retrieval drafters each hybrid row merges, one row each, of {list(RETRIEVAL)} "
+                        "(suffix: suffix decoding within the request)")
     p.add_argument("--pack-linears", action=argparse.BooleanOptionalAction, default=True,
                    help="float32 CPU target: prepack its linear weights for multi-row passes (verification, prefill; "
                         "one-row plain decoding keeps its kernel), see headway.inference.cpu_gemm; no-op elsewhere")
@@ -401,6 +415,9 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     unknown = sorted(set(eagle_trees) - set(EAGLE_TREES))
     if unknown:
         p.error(f"unknown --eagle-trees {unknown}; choose from {list(EAGLE_TREES)}")
+    unknown = sorted({k for k in args.hybrid_retrieval.split(",") if k} - set(RETRIEVAL))
+    if unknown:
+        p.error(f"unknown --hybrid-retrieval {unknown}; choose from {list(RETRIEVAL)}")
     try:  # a drafter folder named that does not exist or holds another kind
         heads_dir, eagle_dirs = drafter_folders(args)
     except (ValueError, FileNotFoundError) as exc:
@@ -410,7 +427,8 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     eos = tokenizer.eos_token_id
     packed = pack_linears(target) if args.pack_linears else 0
     table = methods(target, heads_dir, args.draft_layers, eagle_dirs, eagle_trees,
-                    [t for t in args.medusa_trees.split(",") if t], families, args.lookup)
+                    [t for t in args.medusa_trees.split(",") if t], families,
+                    args.lookup and [k for k in args.hybrid_retrieval.split(",") if k])
     device = next(target.parameters()).device
     for kind, method in table.values():  # tree="auto": the cost curve is measured (once, cached) before any timing
         if kind == "headway":

@@ -9,7 +9,7 @@ import importlib
 _WHERE = {
     "Drafter": "base", "DrafterConfig": "base", "check_target_compatible": "base", "load_drafter": "base",
     "register_drafter": "base", "EagleConfig": "eagle", "EagleHead": "eagle", "MedusaConfig": "medusa",
-    "MedusaHeads": "medusa", "DEFAULT_MODEL": "target", "load_target": "target", "DrafterKind": "registry",
+    "MedusaHeads": "medusa", "LayerSkipConfig": "layerskip", "LayerSkipHead": "layerskip", "DEFAULT_MODEL": "target", "load_target": "target", "DrafterKind": "registry",
     "TrainingMethod": "registry", "get_kind": "registry", "kind_of": "registry", "drafter_kinds": "registry",
     "register_kind": "registry",
 }

@@ -1,5 +1,5 @@
-"""headway's own drafter kinds, registered (``headway.heads.registry``): Medusa heads, EAGLE-1/2 and
-EAGLE-3. A kind defined elsewhere registers the same way, with its own ``DrafterKind``."""
+"""headway's own drafter kinds, registered (``headway.heads.registry``): Medusa heads, EAGLE-1/2,
+EAGLE-3 and LayerSkip exit heads. A kind defined elsewhere registers the same way, with its own ``DrafterKind``."""
 
 from __future__ import annotations
 
@@ -60,3 +60,16 @@ EAGLE3 = register_kind(DrafterKind(
     training=_EAGLE_TRAINING, exports=("sglang", "speculators"), imports=_EAGLE_IMPORTS,
     matches=lambda config: config.get("version", 3) == 3, info_fields=_EAGLE_INFO, describe=_describe_eagle3,
     serving="headway.heads.hub.card:eagle3_serving"))
+
+
+def _describe_layerskip(info: dict) -> str:
+    return (f"LayerSkip self-speculation: the target's first {info.get('exit_layer')} of {info.get('num_target_layers')} "
+            f"layers and a trained exit norm + lm_head ({_vocab(info)}), a chain of {info.get('num_draft')}")
+
+
+LAYERSKIP = register_kind(DrafterKind(
+    name="layerskip", title="LayerSkip", drafter_type="layerskip",
+    head_class="headway.heads.layerskip:LayerSkipHead", proposer="headway.inference.layerskip:LayerSkipProposer",
+    training={"layerskip": TrainingMethod("headway.train.layerskip", "a LayerSkip exit head on the target's own "
+                                          "early layers (self-speculation)", "layerskip/tiny")},
+    info_fields=("exit_layer", "num_target_layers", "num_draft", "draft_vocab_size"), describe=_describe_layerskip))

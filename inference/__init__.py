@@ -13,6 +13,7 @@ from headway.inference.expand import DynamicTree
 from headway.inference.hybrid import HybridProposer
 from headway.inference.generator import GenerationStats, SpeculativeGenerator, SpeculativeOutput
 from headway.inference.kv_cache import compact_cache, new_cache
+from headway.inference.layerskip import LayerSkipProposer
 from headway.inference.lookahead import Lookahead
 from headway.inference.medusa import MedusaProposer
 from headway.inference.prompt_lookup import PromptLookup
@@ -22,7 +23,7 @@ from headway.inference.verify import (SamplingParams, process_logits, verify_cha
                                       verify_sampling, verify_typical)
 
 __all__ = [
-    "Draft", "DraftContext", "DraftModelProposer", "Proposer", "DynamicTree", "EagleProposer", "GenerationStats", "HybridProposer", "Lookahead", "MedusaProposer", "PromptLookup",
+    "Draft", "DraftContext", "DraftModelProposer", "Proposer", "DynamicTree", "EagleProposer", "GenerationStats", "HybridProposer", "LayerSkipProposer", "Lookahead", "MedusaProposer", "PromptLookup",
     "SamplingParams", "SpeculativeGenerator", "SpeculativeOutput", "SuffixDecoding", "Tree", "as_proposer", "available_trees", "chain",
     "compact_cache", "load_tree", "new_cache", "pack_linears", "process_logits", "unpack_linears", "verify_chain_sampling", "verify_greedy",
     "verify_sampling", "verify_typical",

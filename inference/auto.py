@@ -264,4 +264,6 @@ def prune(draft: Draft, keep: list[int]) -> Draft:
     raw = draft.score_list()
     scores = [raw[n] for n in keep] if raw is not None else None
     sources = [draft.sources[n] for n in keep] if draft.sources is not None else None
-    return Draft(Tree(parents, ranks=ranks, name=f"auto-{len(keep)}"), tokens, q, scores=scores, sources=sources)
+    states = draft.states[torch.tensor(keep, device=draft.states.device)] if draft.states is not None else None
+    return Draft(Tree(parents, ranks=ranks, name=f"auto-{len(keep)}"), tokens, q, scores=scores, sources=sources,
+                 states=states)

@@ -30,7 +30,7 @@ from headway.inference.proposer import Draft, DraftContext, as_proposer, check_d
 from headway.inference.kv_cache import CACHE_SLACK, compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree, node_path
-from headway.inference.target_forward import check_attention, prefill, tree_forward
+from headway.inference.target_forward import check_attention, prefill, resume_forward, tree_forward
 from headway.inference.batch import cut_round
 from headway.inference.inputs import check_generation, check_prompt, check_settings, context_length
 from headway.inference.verify import (LazyProbs, SamplingParams, probs, verify_greedy_tensors, verify_sampling,
@@ -206,6 +206,7 @@ class SpeculativeGenerator:
             drafter.reset()
             length = prompt.shape[0]
             cache = new_cache(self.target, capacity=length + max_new_tokens + CACHE_SLACK)  # written in place
+            drafter.use_cache(cache)  # LayerSkip drafts with the target's own early layers, into this cache
             seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=self.device)  # prompt + new tokens
             seq[:length] = prompt
             host = prompt.tolist()  # the same tokens on the host, extended by each round's one read
@@ -244,8 +245,12 @@ class SpeculativeGenerator:
                     stats.time_prefill += t_prefill
                 sync_verify()
                 t1 = time.perf_counter()
-                logits, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
-                                             pad_to=pad_to, max_positions=context, pending=pending)
+                if draft.states is not None:  # the first layers ran while drafting (LayerSkip): the rest only
+                    logits, width = resume_forward(self.target, cache, draft.tree, draft.states, length - 1,
+                                                   drafter.exit_layer)
+                else:
+                    logits, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
+                                                 pad_to=pad_to, max_positions=context, pending=pending)
                 sync_verify()
                 t2 = time.perf_counter()
                 if processors:  # each node scored as generate would score it after its own context
@@ -298,6 +303,9 @@ class SpeculativeGenerator:
         """A checked batch [B, T] of B > 1 rows and its mask (headway.inference.batch)."""
         from headway.inference.batch import generate_batch
 
+        if self.drafter.shares_target_cache:
+            raise ValueError(f"{type(self.drafter).__name__} drafts with the target's own first layers in its cache, "
+                             f"one sequence at a time; got a batch of {ids.shape[0]}: generate the rows one by one")
         if streamer is not None:
             raise ValueError(f"a streamer takes one sequence, as in transformers; got a batch of {ids.shape[0]}: "
                              "generate the rows one by one to stream them")

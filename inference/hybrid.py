@@ -45,6 +45,11 @@ class HybridProposer(Proposer):
         if readers and len(self.drafters) > 1:
             raise ValueError(f"{readers[0]} cannot join a hybrid list: it steps its own window with the target's "
                              "outputs at its own nodes, which a merged tree renumbers; run it alone")
+        sharers = [type(d).__name__ for d in self.drafters if d.shares_target_cache]
+        if sharers and len(self.drafters) > 1:
+            raise ValueError(f"{sharers[0]} cannot join a hybrid list: it drafts with the target's own first layers "
+                             "and verification resumes from their states, which a merged tree's other nodes lack; "
+                             "run it alone")
         self.max_extra_nodes = max_extra_nodes
         self.gated = len(self.drafters) > 1  # tree="auto": retrieval drafts every round, the gate decides the rest
         self._others = [None] * (len(self.drafters) - 1)  # the other drafters' own trees (resolve_tree)

@@ -61,6 +61,9 @@ class Draft:
     # cumulative draft probabilities, continuation frequencies; None: tree="auto" uses the acceptance seen so far.
     # Sampled drafts (q set): tree="auto" ignores them (cutting by what was drawn would bias the output)
     sources: list[int] | None = None  # [N] which drafter of a hybrid proposed node i (None: all one drafter)
+    # [>= N, H] a drafter that ran the target's first layers over the nodes into its cache (LayerSkip): their
+    # states there, which verification resumes from (headway.inference.layerskip.resume_forward); None: a full pass
+    states: torch.Tensor | None = None
     # (scores may stay on the device, a float tensor [N], until tree="auto" reads them: ``score_list``)
 
     def score_list(self) -> list[float] | None:
@@ -80,9 +83,15 @@ class Proposer:
     # True: after each verification the generator calls ``observe_outputs`` with the target's greedy choice
     # after every node of the verified draft (one more host read a round; lookahead decoding's Jacobi step)
     reads_outputs: bool = False
+    # True: ``propose`` runs the target's first layers over the draft, writing the target's own cache (handed over by
+    # ``use_cache`` before the first round), and the Draft carries their states (LayerSkip); one sequence alone
+    shares_target_cache: bool = False
 
     def bind(self, target_model) -> None:
         """Check compatibility with the target (vocabulary, hidden size) and move to its device."""
+
+    def use_cache(self, cache) -> None:
+        """(``shares_target_cache`` drafters) the target's cache for this generate call."""
 
     def default_tree(self) -> Tree | None:
         """The tree used when the generator gets ``tree=None`` (None: the drafter builds its own)."""

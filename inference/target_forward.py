@@ -9,8 +9,11 @@ position_ids, is silently wrong, so both are always built here.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
+from headway.heads.target.features import decoder_layers
 from headway.inference.tree import Tree
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -104,3 +107,64 @@ def chain_forward(model, cache, tokens: torch.Tensor, prefix_len: int):
     positions = torch.arange(prefix_len, prefix_len + t, device=tokens.device)[None]
     out = model(input_ids=tokens[None], position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
     return out.logits[0, -1]
+
+
+# --- the target's layers in two parts (LayerSkip: headway.inference.layerskip) --------------------
+
+def _cache_arg(layer) -> str:
+    """The decoder layer's name for the cache argument (``cache`` since transformers 5.25, before it
+    ``past_key_values``)."""
+    params = inspect.signature(layer.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def run_layers(model, cache, hidden: torch.Tensor, positions: torch.Tensor, layers: range,
+               mask: torch.Tensor | None) -> torch.Tensor:
+    """The target's decoder layers ``layers`` over ``hidden`` [1, n, H] at ``positions`` [1, n], appending
+    their keys/values to ``cache``; mask: [1, 1, n, S] additive, or None for one token (it sees the
+    whole cache). Returns [1, n, H]."""
+    base = model.get_decoder()
+    blocks = decoder_layers(model)
+    embeddings = base.rotary_emb(hidden, positions)
+    name = _cache_arg(blocks[0])
+    for i in layers:
+        out = blocks[i](hidden, attention_mask=mask, position_ids=positions, use_cache=True,
+                        position_embeddings=embeddings, **{name: cache})
+        hidden = out[0] if isinstance(out, tuple) else out
+    return hidden
+
+
+def early_forward(model, cache, token: torch.Tensor, position: int, exit_layer: int) -> torch.Tensor:
+    """One token [1] at ``position`` through layers 0..exit_layer-1 into ``cache``: its layer-E state [1, H]."""
+    base = model.get_decoder()
+    hidden = base.embed_tokens(token[None])  # [1, 1, H]
+    positions = torch.full((1, 1), position, dtype=torch.long, device=token.device)
+    return run_layers(model, cache, hidden, positions, range(exit_layer), None)[0]
+
+
+def trim_layers(cache, layers: range, length: int) -> None:
+    """Drop the entries past ``length`` in the cache layers ``layers``."""
+    for i in layers:
+        extra = cache.layers[i].get_seq_length() - length
+        if extra > 0:
+            cache.layers[i].crop(-extra)
+
+
+def resume_forward(model, cache, tree: Tree, states: torch.Tensor, prefix_len: int, exit_layer: int):
+    """Verify ``tree`` (a chain of N nodes) from its nodes' saved layer-E states [>= N, H]: layers
+    E..L-1 over them, appended to a cache whose early layers already hold the nodes (after
+    ``prefix_len``) and whose late layers hold the prefix only; then the final norm and lm_head.
+    Returns (logits [N, V], N), as ``tree_forward`` does (the pass is not padded)."""
+    n = tree.size
+    depth = len(decoder_layers(model))
+    trim_layers(cache, range(exit_layer), prefix_len + n)  # a chain cut by tree="auto": its first n nodes
+    device, dtype = states.device, model.dtype
+    mask, depths = padded_tree_tensors(tree, n, device, dtype)  # [N, N], [N]
+    full = None
+    if n > 1:
+        full = torch.zeros((1, 1, n, prefix_len + n), dtype=dtype, device=device)  # the prefix: visible to all
+        full[0, 0, :, prefix_len:] = mask
+    positions = (depths + prefix_len)[None]
+    hidden = run_layers(model, cache, states[:n][None].to(dtype), positions, range(exit_layer, depth), full)
+    hidden = model.get_decoder().norm(hidden)
+    return model.get_output_embeddings()(hidden)[0], n

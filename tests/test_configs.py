@@ -63,8 +63,13 @@ def check_run_config(path: Path) -> None:
     entry = resolve(method.entry)
     cfg = load_config(entry.RunConfig, path)  # strict: unknown keys and wrong types raise
     assert cfg.train.output_dir and cfg.model in DEPTH, f"{_name(path)} names an unknown target {cfg.model!r}"
-    drafter = next(getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name in ("heads", "eagle"))
-    if path.parent.name == "eagle":
+    drafter = next(getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name in ("heads", "eagle", "layerskip"))
+    if path.parent.name == "layerskip":
+        from headway.heads.layerskip import LayerSkipConfig
+
+        resolved = LayerSkipConfig(**{**vars(drafter), "num_target_layers": DEPTH[cfg.model]})
+        assert entry.feature_layers(cfg, DEPTH[cfg.model]) == [resolved.exit_layer, DEPTH[cfg.model]]
+    elif path.parent.name == "eagle":
         from headway.heads.eagle import EagleConfig
 
         resolved = EagleConfig(**{**vars(drafter), "num_target_layers": DEPTH[cfg.model]})

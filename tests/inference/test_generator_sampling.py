@@ -26,6 +26,8 @@ from transformers import LogitsProcessorList, NoRepeatNGramLogitsProcessor, Repe
 import headway.inference.generator as generator_mod
 import headway.inference.processors as processors_mod
 import headway.inference.verify as verify_mod
+from headway.inference.verify import probs
+from headway.heads.layerskip import LayerSkipHead
 from headway.inference import DraftModelProposer, Lookahead, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from tests.inference.eagle_utils import eagle_q_ref, train_eagle
 from tests.inference.spec_utils import (PROMPT, SETTINGS, VerifyRecorder, WiringCase, check_wiring, chi2_pvalue, context_logits,
@@ -43,6 +45,7 @@ class Models:
     eagle1: torch.nn.Module  # EAGLE-1 head (full vocabulary) self-distilled from the target
     eagle3: torch.nn.Module  # EAGLE-3 head over a reduced 6-token draft vocabulary
     eagle31: torch.nn.Module  # EAGLE-3.1 (normalize_features): norms per feature layer, post-norm states fed back
+    layerskip: torch.nn.Module  # a LayerSkip exit head after layer 1 of 2, over a reduced 6-token draft vocabulary
 
 
 # name -> how to build its WiringCase(drafter, tree, q_ref, check_draft) from the Models: a new drafter
@@ -70,6 +73,9 @@ WIRING = {
     "eagle1-chain": lambda m: WiringCase(m.eagle1, "chain-2", q_ref=eagle_q_ref(m.target, m.eagle1)),
     "eagle3-tree": lambda m: WiringCase(m.eagle3, TREE, q_ref=eagle_q_ref(m.target, m.eagle3)),
     "eagle31-tree": lambda m: WiringCase(m.eagle31, TREE, q_ref=eagle_q_ref(m.target, m.eagle31)),
+    # LayerSkip: the target's own first layer and a trained-from-the-target exit head sample the chain; q is the
+    # head's distribution on the target's layer-1 state after the node's path (plain forward)
+    "layerskip-chain": lambda m: WiringCase(m.layerskip, "chain-3", q_ref=layerskip_q_ref(m.target, m.layerskip)),
     # EAGLE-2 dynamic trees draft deterministically (top-k by cumulative log-probability)
     "eagle3-dynamic": lambda m: WiringCase(m.eagle3, {"depth": 3, "top_k": 2, "total_tokens": 5}, fixed_shape=False),
 }
@@ -86,7 +92,20 @@ def models():
     eagle1 = train_eagle(target, 1, seed=2, steps=60, low=0)
     eagle3 = train_eagle(target, 3, seed=2, steps=60, low=0, draft_vocab=6)
     eagle31 = train_eagle(target, 3, seed=3, steps=60, low=0, draft_vocab=6, normalize_features=True)
-    return Models(target, draft, heads, eagle1, eagle3, eagle31)
+    layerskip = LayerSkipHead.from_target(target, exit_layer=1, draft_vocab_size=6, draft_tokens=[0, 1, 2, 4, 5, 7])
+    return Models(target, draft, heads, eagle1, eagle3, eagle31, layerskip)
+
+
+def layerskip_q_ref(target, head):
+    """The exit head's processed distribution [V] after ``ids`` (a plain forward's layer-E state), widened."""
+    @torch.no_grad()
+    def ref(ids, context_len, params):
+        state = target(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[head.config.exit_layer]
+        q = probs(head(state[0, -1]), params)
+        full = q.new_zeros(head.config.vocab_size)
+        full[head.draft_token_ids] = q
+        return full
+    return ref
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +135,7 @@ def run_and_check(target, case, params, monkeypatch, calls=3, max_new=12, seed=0
                            top_k=params.top_k, top_p=params.top_p, generator=g, **(settings or {}))
         calls_made = recorder.take()
         check_wiring(target, case, gen.tree, LONG_PROMPT, params, max_new, calls_made, out, processors,
-                     blind_first=bool(gen.drafter.feature_layers))
+                     blind_first=bool(gen.drafter.feature_layers) or gen.drafter.shares_target_cache)
         rounds += len(calls_made)
     return rounds
 
@@ -198,11 +217,12 @@ def sample_first3(target, drafter, tree, params, n, seed):
 
 # One end-to-end case per drafter kind (test_sampling_wiring checks every kind, chain and tree, node by node).
 DEFAULT_CASES = [("medusa-tree", "T0.7-p0.9"), ("draft-chain", "T0.7-p0.9"), ("lookup-tree", "T0.7-p0.9"),
-                 ("eagle3-tree", "T1"), ("suffix", "T0.7-p0.9"), ("hybrid-medusa", "T0.7-p0.9")]
+                 ("eagle3-tree", "T1"), ("suffix", "T0.7-p0.9"), ("hybrid-medusa", "T0.7-p0.9"),
+                 ("layerskip-chain", "T1")]
 # One per drafter kind, both settings, (drafter, setting) pairs the default lane does not run (the draft
 # model's chain runs there at T0.7-p0.9 and its tree here: no third pair for it).
 SLOW_CASES = [("medusa-tree", "T1"), ("draft-tree", "T0.7-p0.9"), ("lookup-tree", "T1"),
-              ("eagle3-tree", "T0.7-p0.9"), ("eagle3-dynamic", "T1")]
+              ("eagle3-tree", "T0.7-p0.9"), ("eagle3-dynamic", "T1"), ("layerskip-chain", "T0.7-p0.9")]
 
 
 @pytest.mark.parametrize("drafter, setting", DEFAULT_CASES)

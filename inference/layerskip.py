@@ -1,0 +1,107 @@
+"""LayerSkip self-speculation (Elhoushi et al., 2024, arXiv:2404.16710): the target drafts with its own
+first ``E`` layers and a trained exit head (``headway.heads.layerskip``), then verifies with the rest.
+
+A round, with the target's cache holding the P tokens before the root:
+- drafting runs the root, then each drafted token, through the target's layers 0..E-1, one token at a
+  time, **writing those layers' keys and values into the target's own cache**; the exit head turns
+  each layer-E state into the next draft token. The last drafted token goes through the early layers
+  too, for its state only. Each node's layer-E state is kept (``Draft.states``).
+- verification (``resume_forward``) runs only layers E..L-1 over the chain's saved states, reading
+  the early layers' entries the drafting wrote (so the first E layers never run twice), then the final
+  norm and lm_head. After it every layer holds P + n entries, and the generator's compaction keeps the
+  accepted ones as for any pass.
+
+Everything runs through the target's public modules (``embed_tokens``, each decoder layer with its
+``position_embeddings``, ``rotary_emb``, ``norm``, the output embeddings), with the same 4D additive
+mask and explicit positions a full pass gets (TRANSFORMERS.md), so a verified node's logits equal a
+full causal pass over its path: greedy output equals ``generate``, sampling is exact (a chain of
+draws from the exit head's q). Llama-style decoders only (Llama, Qwen2, Mistral, SmolLM2).
+
+The draft is a chain; ``tree="auto"`` may cut it (a shorter chain: the extra early entries are
+dropped before verification) or skip it (a plain full step). Not in a hybrid list or a batch: both
+verify other trees than the one whose early layers were written.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headway.heads.layerskip import LayerSkipHead
+from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
+from headway.inference.tree import Tree, chain
+from headway.inference.target_forward import early_forward
+from headway.inference.verify import probs
+
+
+class LayerSkipProposer(Proposer):
+    """Drafts a chain of ``num_draft`` tokens (the head's default) with the target's first
+    ``exit_layer`` layers and the exit head; see the module docstring."""
+
+    shares_target_cache = True  # it writes the target's early layers: the generator resumes verification
+
+    def __init__(self, head: LayerSkipHead, num_draft: int | None = None):
+        self.head = head.eval()
+        self.exit_layer = head.config.exit_layer
+        self.num_draft = num_draft or head.config.num_draft
+        if self.num_draft < 1:
+            raise ValueError(f"num_draft must be >= 1, got {self.num_draft}")
+        self._target = None
+        self._cache = None
+
+    def bind(self, target_model) -> None:
+        self.head.check_target(target_model)
+        self.head.to(device=next(target_model.parameters()).device, dtype=target_model.dtype)
+        self._target = target_model
+
+    def use_cache(self, cache) -> None:
+        """The target's cache of this generate call (the generator hands it over before the first round)."""
+        self._cache = cache
+
+    def default_tree(self) -> Tree:
+        return chain(self.num_draft)
+
+    def check_tree(self, tree: Tree) -> None:
+        if not tree.is_chain:
+            raise ValueError(f"LayerSkip drafts a chain (its early layers run one token after another), got the "
+                             f"tree {tree.name or tree.size}; pass a chain (chain-3, chain-4, ...) or tree=None")
+
+    def propose_first(self, ctx: DraftContext) -> Draft:
+        """Nothing: the target's cache is empty until the prompt's pass, and the early layers draft from it."""
+        return root_only(ctx)
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        tree = ctx.tree if isinstance(ctx.tree, Tree) else self.default_tree()
+        depth = min(tree.depth, ctx.max_depth)
+        if depth < 1 or self._cache is None:
+            return root_only(ctx)
+        model, head, cache, e = self._target, self.head, self._cache, self.exit_layer
+        start = ctx.tokens.shape[0] - 1  # the root's position; the cache holds everything before it
+        token = ctx.tokens[-1:]
+        states, tokens, qs, scores = [], [token], [], []
+        for i in range(depth + 1):
+            state = early_forward(model, cache, token, start + i, e)  # [1, H]
+            states.append(state)
+            if i == depth:
+                break  # the last token ran for its state only
+            logits = head(state)[0].float()  # [V']
+            if ctx.sampling is None:
+                choice = logits.argmax()[None]
+                scores.append(logits.softmax(-1)[choice])
+            else:
+                q = probs(logits, ctx.sampling)  # [V'] the distribution the next token is drawn from
+                choice = torch.multinomial(q, 1, generator=ctx.generator)
+                qs.append(self._widen(q))
+            token = head.to_target_ids(choice)  # [1]
+            tokens.append(token)
+        draft_tokens = torch.cat(tokens)  # [depth + 1]
+        q = dict(enumerate(qs)) if qs else None  # node i's child was drawn from q[i] [V]
+        score = torch.cat([scores[0].new_ones(1), torch.cat(scores).cumprod(0)]) if scores else None  # [depth + 1]
+        return Draft(chain(depth), draft_tokens, q=q, scores=score, states=torch.cat(states))
+
+    def _widen(self, q: torch.Tensor) -> torch.Tensor:
+        """q over the draft vocabulary [V'] -> over the target's [V] (zero outside it)."""
+        if self.head.d2t is None:
+            return q
+        full = q.new_zeros(self.head.config.vocab_size)
+        full[self.head.draft_token_ids] = q
+        return full
