@@ -56,9 +56,9 @@ from headway.inference.prompt_lookup import PromptLookup
 from headway.inference.suffix_decoding import SuffixDecoding
 from headway.inference.lookahead import Lookahead
 
-FAMILIES = ("hf-lookup", "lookup", "lookahead", "medusa", "eagle", "draft-model")  # plain greedy always runs: the reference
+FAMILIES = ("hf-lookup", "lookup", "lookahead", "medusa", "eagle", "layerskip", "draft-model")  # plain greedy always runs: the reference
 DEMO_HEADS = str(Path("outputs", "demo", "quick", "heads"))  # make demo's Medusa heads, relative to the current folder
-DRAFTER_KINDS = {"medusa": "Medusa heads", "eagle": "an EAGLE drafter"}
+DRAFTER_KINDS = {"medusa": "Medusa heads", "eagle": "an EAGLE drafter", "layerskip": "a LayerSkip exit head"}
 
 
 def early_exit_model(target, layers: int):
@@ -124,7 +124,7 @@ def eagle_methods(target, folder: str, trees, taken=(), lookup=False) -> dict:
 
 
 def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eagle_trees=tuple(DEFAULT_EAGLE_TREES),
-            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup=False) -> dict:
+            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup=False, layerskip_dirs=()) -> dict:
     """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator), for the chosen families;
     ``lookup``: each trained drafter also as a hybrid with prompt lookup ("... + lookup"; True) or with each
     retrieval drafter named (("lookup", "suffix"): "... + suffix" merges suffix decoding)."""
@@ -154,6 +154,11 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
                 out[f"medusa {tree}{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree=tree))
     for folder in eagle_dirs if "eagle" in families else ():
         out.update(eagle_methods(target, folder, eagle_trees, out, lookup))
+    for folder in layerskip_dirs if "layerskip" in families else ():  # its own chain, and cut per round
+        head = load_drafter(folder)
+        label = f"layerskip E={head.config.exit_layer}" + (f" ({Path(folder).name})" if len(layerskip_dirs) > 1 else "")
+        out[f"{label} chain-{head.config.num_draft}"] = ("headway", SpeculativeGenerator(target, head, tree=None))
+        out[f"{label} auto"] = ("headway", SpeculativeGenerator(target, head, tree="auto"))
     if draft_layers and "draft-model" in families:
         out[f"draft model: first {draft_layers} layers, chain-3"] = (
             "headway", SpeculativeGenerator(target, DraftModelProposer(early_exit_model(target, draft_layers), gamma=3),
@@ -165,7 +170,7 @@ def check_drafter(folder_or_id: str, kind: str, flag: str) -> None:
     """A drafter the user named must exist and be of the kind the flag takes; one-line errors."""
     found = read_config_file(resolve_folder(folder_or_id)).get("drafter_type")
     if found != kind:
-        other = {"medusa": "--heads", "eagle": "--eagle"}.get(found)
+        other = {"medusa": "--heads", "eagle": "--eagle", "layerskip": "--layerskip"}.get(found)
         raise ValueError(f"{flag} {folder_or_id} holds a {found!r} drafter, not {DRAFTER_KINDS[kind]}"
                          + (f"; pass it with {other}" if other else ""))
 
@@ -184,6 +189,8 @@ def drafter_folders(args) -> tuple[str | None, list[str]]:
         check_drafter(heads, "medusa", "--heads")
     for folder in eagle:
         check_drafter(folder, "eagle", "--eagle")
+    for folder in args.layerskip if "layerskip" in args.families else []:
+        check_drafter(folder, "layerskip", "--layerskip")
     return heads, list(eagle)
 
 
@@ -358,6 +365,8 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--heads", help=f"trained Medusa heads, a folder or Hub id (default: {DEMO_HEADS} when make demo "
                                    "has written it)")
     p.add_argument("--eagle", action="append", default=[], help="a trained EAGLE drafter, a folder or Hub id (repeatable)")
+    p.add_argument("--layerskip", action="append", default=[],
+                   help="a trained LayerSkip exit head, a folder or Hub id (repeatable): its chain and tree=auto")
     p.add_argument("--eagle-trees", default=",".join(DEFAULT_EAGLE_TREES),
                    help=f"EAGLE trees, of {list(EAGLE_TREES)} (default: all but the unpruned ones)")
     p.add_argument("--medusa-trees", default=",".join(MEDUSA_TREES), help="Medusa trees")
@@ -428,7 +437,8 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     packed = pack_linears(target) if args.pack_linears else 0
     table = methods(target, heads_dir, args.draft_layers, eagle_dirs, eagle_trees,
                     [t for t in args.medusa_trees.split(",") if t], families,
-                    args.lookup and [k for k in args.hybrid_retrieval.split(",") if k])
+                    args.lookup and [k for k in args.hybrid_retrieval.split(",") if k],
+                    args.layerskip if "layerskip" in families else ())
     device = next(target.parameters()).device
     for kind, method in table.values():  # tree="auto": the cost curve is measured (once, cached) before any timing
         if kind == "headway":

@@ -87,6 +87,33 @@ def test_two_drafters_of_one_version_both_run(tmp_path):
     table = benchmark.methods(target, None, 0, [str(folders[0])], ["chain-3"], families=("eagle",), lookup=True)
     assert list(table) == ["plain", "eagle3 chain-3", "eagle3 chain-3 + lookup"]
     assert isinstance(table["eagle3 chain-3 + lookup"][1].drafter, HybridProposer)
+    # --hybrid-retrieval lookup,suffix: one hybrid row per retrieval drafter
+    from headway.inference import SuffixDecoding
+
+    table = benchmark.methods(target, None, 0, [str(folders[0])], ["chain-3"], families=("eagle",),
+                              lookup=["lookup", "suffix"])
+    assert list(table)[1:] == ["eagle3 chain-3", "eagle3 chain-3 + lookup", "eagle3 chain-3 + suffix"]
+    assert isinstance(table["eagle3 chain-3 + suffix"][1].drafter.drafters[1], SuffixDecoding)
+
+
+def test_a_layerskip_head_runs_its_chain_and_auto_with_identical_outputs(tmp_path, capsys):
+    from headway.heads import EagleHead
+    from headway.heads.layerskip import LayerSkipHead
+    from headway.heads.target import load_target
+
+    target, _ = load_target("tiny-random-llama")
+    EagleHead.from_target(target, version=3).save_pretrained(tmp_path / "e")
+    LayerSkipHead.from_target(target, exit_layer=1, num_draft=3).save_pretrained(tmp_path / "ls")
+    args = ["--model", "tiny-random-llama", "--methods", "layerskip", "--layerskip", str(tmp_path / "ls"),
+            "--groups", "chat,copy", "--prompts", "1", "--copy-prompts", "1", "--max-new-tokens", "8",
+            "--out", str(tmp_path / "out")]
+    results = benchmark.main(args)
+    rows = {name for per in results.values() for name in per}
+    assert {"layerskip E=1 chain-3", "layerskip E=1 auto"} <= rows
+    assert all(s["identical"] for per in results.values() for s in per.values())
+    with pytest.raises(SystemExit):  # an EAGLE folder passed as --layerskip: one line, before the model loads
+        benchmark.main(args[:4] + ["--layerskip", str(tmp_path / "e")] + args[6:])
+    assert "holds a 'eagle' drafter, not a LayerSkip exit head; pass it with --eagle" in capsys.readouterr().err
 
 
 def test_pack_linears_flag_packs_the_float32_cpu_target(tmp_path, capsys):
