@@ -56,9 +56,10 @@ from headway.inference.prompt_lookup import PromptLookup
 from headway.inference.suffix_decoding import SuffixDecoding
 from headway.inference.lookahead import Lookahead
 
-FAMILIES = ("hf-lookup", "lookup", "lookahead", "medusa", "eagle", "layerskip", "draft-model")  # plain greedy always runs: the reference
+FAMILIES = ("hf-lookup", "lookup", "lookahead", "medusa", "eagle", "peagle", "layerskip", "draft-model")  # plain greedy always runs: the reference
 DEMO_HEADS = str(Path("outputs", "demo", "quick", "heads"))  # make demo's Medusa heads, relative to the current folder
-DRAFTER_KINDS = {"medusa": "Medusa heads", "eagle": "an EAGLE drafter", "layerskip": "a LayerSkip exit head"}
+DRAFTER_KINDS = {"medusa": "Medusa heads", "eagle": "an EAGLE drafter", "peagle": "a P-EAGLE drafter",
+                 "layerskip": "a LayerSkip exit head"}
 
 
 def early_exit_model(target, layers: int):
@@ -124,7 +125,7 @@ def eagle_methods(target, folder: str, trees, taken=(), lookup=False) -> dict:
 
 
 def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eagle_trees=tuple(DEFAULT_EAGLE_TREES),
-            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup=False, layerskip_dirs=()) -> dict:
+            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup=False, layerskip_dirs=(), peagle_dirs=()) -> dict:
     """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator), for the chosen families;
     ``lookup``: each trained drafter also as a hybrid with prompt lookup ("... + lookup"; True) or with each
     retrieval drafter named (("lookup", "suffix"): "... + suffix" merges suffix decoding)."""
@@ -154,11 +155,14 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
                 out[f"medusa {tree}{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree=tree))
     for folder in eagle_dirs if "eagle" in families else ():
         out.update(eagle_methods(target, folder, eagle_trees, out, lookup))
-    for folder in layerskip_dirs if "layerskip" in families else ():  # its own chain, and cut per round
-        head = load_drafter(folder)
-        label = f"layerskip E={head.config.exit_layer}" + (f" ({Path(folder).name})" if len(layerskip_dirs) > 1 else "")
-        out[f"{label} chain-{head.config.num_draft}"] = ("headway", SpeculativeGenerator(target, head, tree=None))
-        out[f"{label} auto"] = ("headway", SpeculativeGenerator(target, head, tree="auto"))
+    for kind, folders in (("peagle", peagle_dirs), ("layerskip", layerskip_dirs)):  # their own chain, and cut per round
+        for folder in folders if kind in families else ():
+            head = load_drafter(folder)
+            what = f"E={head.config.exit_layer}" if kind == "layerskip" else f"K={head.config.parallel_depths}"
+            label = f"{kind} {what}" + (f" ({Path(folder).name})" if len(folders) > 1 else "")
+            for suffix, drafter in with_lookup(head, lookup if kind == "peagle" else False):
+                out[f"{label} chain{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree=None))
+                out[f"{label} auto{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree="auto"))
     if draft_layers and "draft-model" in families:
         out[f"draft model: first {draft_layers} layers, chain-3"] = (
             "headway", SpeculativeGenerator(target, DraftModelProposer(early_exit_model(target, draft_layers), gamma=3),
@@ -170,7 +174,7 @@ def check_drafter(folder_or_id: str, kind: str, flag: str) -> None:
     """A drafter the user named must exist and be of the kind the flag takes; one-line errors."""
     found = read_config_file(resolve_folder(folder_or_id)).get("drafter_type")
     if found != kind:
-        other = {"medusa": "--heads", "eagle": "--eagle", "layerskip": "--layerskip"}.get(found)
+        other = {"medusa": "--heads", "eagle": "--eagle", "peagle": "--peagle", "layerskip": "--layerskip"}.get(found)
         raise ValueError(f"{flag} {folder_or_id} holds a {found!r} drafter, not {DRAFTER_KINDS[kind]}"
                          + (f"; pass it with {other}" if other else ""))
 
@@ -189,8 +193,9 @@ def drafter_folders(args) -> tuple[str | None, list[str]]:
         check_drafter(heads, "medusa", "--heads")
     for folder in eagle:
         check_drafter(folder, "eagle", "--eagle")
-    for folder in args.layerskip if "layerskip" in args.families else []:
-        check_drafter(folder, "layerskip", "--layerskip")
+    for kind in ("layerskip", "peagle"):
+        for folder in getattr(args, kind) if kind in args.families else []:
+            check_drafter(folder, kind, f"--{kind}")
     return heads, list(eagle)
 
 
@@ -365,6 +370,8 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--heads", help=f"trained Medusa heads, a folder or Hub id (default: {DEMO_HEADS} when make demo "
                                    "has written it)")
     p.add_argument("--eagle", action="append", default=[], help="a trained EAGLE drafter, a folder or Hub id (repeatable)")
+    p.add_argument("--peagle", action="append", default=[],
+                   help="a trained P-EAGLE drafter, a folder or Hub id (repeatable): its chain and tree=auto")
     p.add_argument("--layerskip", action="append", default=[],
                    help="a trained LayerSkip exit head, a folder or Hub id (repeatable): its chain and tree=auto")
     p.add_argument("--eagle-trees", default=",".join(DEFAULT_EAGLE_TREES),
@@ -438,7 +445,7 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     table = methods(target, heads_dir, args.draft_layers, eagle_dirs, eagle_trees,
                     [t for t in args.medusa_trees.split(",") if t], families,
                     args.lookup and [k for k in args.hybrid_retrieval.split(",") if k],
-                    args.layerskip if "layerskip" in families else ())
+                    args.layerskip if "layerskip" in families else (), args.peagle if "peagle" in families else ())
     device = next(target.parameters()).device
     for kind, method in table.values():  # tree="auto": the cost curve is measured (once, cached) before any timing
         if kind == "headway":

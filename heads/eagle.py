@@ -217,7 +217,7 @@ class EagleHead(DraftVocabulary, Drafter):
                 fields["fc_bias"] = None  # the version's default
         if version is not None:
             fields["version"] = version
-        head = cls(EagleConfig(**{**fields, **overrides}))
+        head = cls(cls.config_class(**{**fields, **overrides}))
         if head.d2t is not None:
             head.set_draft_vocab(draft_tokens)
         head.init_from_target(target_model)

@@ -73,3 +73,18 @@ LAYERSKIP = register_kind(DrafterKind(
     training={"layerskip": TrainingMethod("headway.train.layerskip", "a LayerSkip exit head on the target's own "
                                           "early layers (self-speculation)", "layerskip/tiny")},
     info_fields=("exit_layer", "num_target_layers", "num_draft", "draft_vocab_size"), describe=_describe_layerskip))
+
+
+def _describe_peagle(info: dict) -> str:
+    return (f"P-EAGLE drafter: EAGLE-3 over fused target layers {info.get('feature_layers')} drafting "
+            f"{info.get('parallel_depths')} tokens per pass (mask token {info.get('mask_token_id')}, a learnt mask "
+            f"hidden state), own lm_head ({_vocab(info)})")
+
+
+PEAGLE = register_kind(DrafterKind(
+    name="peagle", title="P-EAGLE", drafter_type="peagle", head_class="headway.heads.peagle:PEagleHead",
+    proposer="headway.inference.peagle:PEagleProposer",
+    training={"peagle": TrainingMethod("headway.train.peagle", "a P-EAGLE drafter (EAGLE-3 drafting K tokens in one "
+                                       "pass)", "peagle/tiny")},
+    exports=("speculators",), imports=("speculators",),
+    info_fields=(*_EAGLE_INFO, "parallel_depths", "mask_token_id"), describe=_describe_peagle))

@@ -108,6 +108,12 @@ class EagleTrainingModule(torch.nn.Module):
         final = feats[..., last * hsz:(last + 1) * hsz]  # [B, T, H] the target's final-norm states
         if argmax is not None:
             argmax = torch.where(argmax >= 0, argmax, batch["input_ids"])  # padding (-1): masked by loss_mask anyway
+        return self.objective(feats, final, batch, argmax)
+
+    def objective(self, feats: torch.Tensor, final: torch.Tensor, batch: dict, argmax: torch.Tensor | None):
+        """The loss and counts from the features [B, T, F] (the feature layers first, in their order), the
+        target's final-norm states [B, T, H] and its argmax [B, T] (or None)."""
+        cfg = self.head.config
         if cfg.version == 1:
             return eagle1_loss(self.head, final, batch["input_ids"], batch["loss_mask"], self.target_rows, self.draft_index,
                                noise=self.loss.noise if self.training else 0.0, ce_weight=self.loss.ce_weight,

@@ -56,6 +56,7 @@ import torch
 
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_weights
 from headway.heads.eagle import EagleConfig, EagleHead
+from headway.heads.peagle import PEagleConfig, PEagleHead
 from headway.heads.formats import speculators
 from headway.heads.formats.folder import (check_tensors, local_model_config, open_folder, pick_field, read_config,
                                           read_keys, text_config, write_folder)
@@ -159,6 +160,9 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
     if cfg.fc_bias:
         raise ValueError(f"the {fmt!r} layout has no fc bias (SGLang, vLLM and speculators build fc without one); "
                          "this EAGLE-3 head has fc_bias=True and cannot be exported")
+    if fmt == "sglang" and speculators.is_peagle(cfg):
+        raise ValueError("this head is P-EAGLE (parallel drafting); SGLang's EAGLE-3 layout cannot carry it: export "
+                         "it as 'speculators' (vLLM reads it as parallel_drafting)")
     if fmt == "sglang" and cfg.normalize_features:
         raise ValueError("this head is EAGLE-3.1 (normalize_features: a norm per feature layer, post-norm states fed "
                          "back); the 'sglang' layout has neither: export it as 'speculators' (vLLM's fc_norm + "
@@ -176,6 +180,8 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
     tensors.update({prefix + k: state[f"midlayer.{k}"] for k in EAGLE3_LAYER_KEYS})
     tensors["norm.weight"] = state["norm.weight"]
     tensors["lm_head.weight"] = state["lm_head.weight"]
+    if speculators.is_peagle(cfg):
+        tensors["mask_hidden"] = speculators.peagle_mask_hidden(state, cfg.feature_layers, cfg.hidden_size)
     if head.d2t is not None:
         tensors["d2t"], tensors["t2d"] = state["d2t"], state["t2d"]
     elif fmt == "sglang":  # identity mapping: SGLang's hot_token_id = d2t + arange is then arange
@@ -264,7 +270,7 @@ def import_eagle(folder, fmt: str | None = None, *, version: int | None = None, 
     else:
         cfg, state = _parse_eagle3(folder, found, config, weights, num_target_layers, base_model_name_or_path,
                                    feature_layers)
-    head = EagleHead(cfg)
+    head = PEagleHead(cfg) if speculators.is_peagle(cfg) else EagleHead(cfg)
     floats = {v.dtype for v in state.values() if v.is_floating_point()}
     if len(floats) == 1:  # keep the checkpoint's dtype; parameters only (RoPE's inv_freq stays float32)
         dtype = floats.pop()
@@ -347,9 +353,10 @@ def _parse_eagle1(folder, config, weights, depth_kw, base_kw, layers_kw):
 def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
     path = folder / CONFIG_NAME
     meta = config.get("headway") or {}
-    normalized = False
+    normalized, own = False, {}
     if fmt == "speculators":
         fields, ids, verifier, normalized = speculators.read_speculators_config(path, config)
+        peagle = config["speculators_model_type"] == "peagle"
         engine = "vllm"
         base_from_folder = meta["base_model_name_or_path"] if "base_model_name_or_path" in meta else verifier
         prefix = speculators.LAYER_PREFIX
@@ -392,6 +399,9 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
         raise ValueError(f"{path} says draft_vocab_size {draft} but lm_head.weight has {lm_rows} rows")
     expected = {"fc.weight": (h, len(layers) * h), "norm.weight": (h,), "lm_head.weight": (lm_rows, h)}
     expected.update({prefix + k: s for k, s in layer_shapes(fields, 2 * h).items()})
+    if fmt == "speculators" and peagle:
+        own = speculators.peagle_fields(path, config, weights, len(layers) * h)
+        expected["mask_hidden"] = (len(layers) * h,)
     if normalized:  # EAGLE-3.1: one norm per feature layer
         expected.update({f"fc_norm.{i}.weight": (h,) for i in range(len(layers))})
     if "fc.weight" in weights and tuple(weights["fc.weight"].shape) != expected["fc.weight"]:
@@ -424,10 +434,11 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
         identity = not reduced and not bool(d2t.any()) and bool(t2d.all())
         if reduced or not identity:
             state["d2t"], state["t2d"] = d2t, t2d
-    cfg = EagleConfig(version=3, **fields, num_target_layers=depth, feature_layers=layers,
-                      draft_vocab_size=lm_rows if "d2t" in state else None, fc_bias=False,
-                      store_embeddings="embed_tokens.weight" in state, normalize_features=normalized,
-                      base_model_name_or_path=pick_field(path, "base_model_name_or_path", base_from_folder, base_kw))
+    cfg = (PEagleConfig if own else EagleConfig)(
+        version=3, **fields, num_target_layers=depth, feature_layers=layers,
+        draft_vocab_size=lm_rows if "d2t" in state else None, fc_bias=False,
+        store_embeddings="embed_tokens.weight" in state, normalize_features=normalized,
+        base_model_name_or_path=pick_field(path, "base_model_name_or_path", base_from_folder, base_kw), **own)
     return cfg, state
 
 
@@ -445,7 +456,6 @@ def _sglang_ids(path: Path, config: dict):
 
 
 # --- the converter registry's entry (headway.heads.formats.convert) ---------------------------
-
 
 
 def detect_layout(folder: Path, config) -> str | None:

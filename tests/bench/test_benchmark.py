@@ -96,23 +96,26 @@ def test_two_drafters_of_one_version_both_run(tmp_path):
     assert isinstance(table["eagle3 chain-3 + suffix"][1].drafter.drafters[1], SuffixDecoding)
 
 
-def test_a_layerskip_head_runs_its_chain_and_auto_with_identical_outputs(tmp_path, capsys):
+def test_layerskip_and_peagle_run_their_chains_and_auto_with_identical_outputs(tmp_path, capsys):
     from headway.heads import EagleHead
     from headway.heads.layerskip import LayerSkipHead
+    from headway.heads.peagle import PEagleHead
     from headway.heads.target import load_target
 
     target, _ = load_target("tiny-random-llama")
     EagleHead.from_target(target, version=3).save_pretrained(tmp_path / "e")
     LayerSkipHead.from_target(target, exit_layer=1, num_draft=3).save_pretrained(tmp_path / "ls")
-    args = ["--model", "tiny-random-llama", "--methods", "layerskip", "--layerskip", str(tmp_path / "ls"),
+    PEagleHead.from_target(target, parallel_depths=3).save_pretrained(tmp_path / "pe")
+    args = ["--model", "tiny-random-llama", "--methods", "layerskip,peagle", "--layerskip", str(tmp_path / "ls"),
+            "--peagle", str(tmp_path / "pe"),
             "--groups", "chat,copy", "--prompts", "1", "--copy-prompts", "1", "--max-new-tokens", "8",
             "--out", str(tmp_path / "out")]
     results = benchmark.main(args)
     rows = {name for per in results.values() for name in per}
-    assert {"layerskip E=1 chain-3", "layerskip E=1 auto"} <= rows
+    assert {"layerskip E=1 chain", "layerskip E=1 auto", "peagle K=3 chain", "peagle K=3 auto + lookup"} <= rows
     assert all(s["identical"] for per in results.values() for s in per.values())
     with pytest.raises(SystemExit):  # an EAGLE folder passed as --layerskip: one line, before the model loads
-        benchmark.main(args[:4] + ["--layerskip", str(tmp_path / "e")] + args[6:])
+        benchmark.main(args[:4] + ["--layerskip", str(tmp_path / "e")] + args[8:])
     assert "holds a 'eagle' drafter, not a LayerSkip exit head; pass it with --eagle" in capsys.readouterr().err
 
 

@@ -27,7 +27,10 @@ import headway.inference.generator as generator_mod
 import headway.inference.processors as processors_mod
 import headway.inference.verify as verify_mod
 from headway.inference.verify import probs
+from headway.heads.eagle_layer import DraftCache
 from headway.heads.layerskip import LayerSkipHead
+from headway.heads.peagle import PEagleHead
+from headway.heads.target.features import capture_features
 from headway.inference import DraftModelProposer, Lookahead, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from tests.inference.eagle_utils import eagle_q_ref, train_eagle
 from tests.inference.spec_utils import (PROMPT, SETTINGS, VerifyRecorder, WiringCase, check_wiring, chi2_pvalue, context_logits,
@@ -46,6 +49,7 @@ class Models:
     eagle3: torch.nn.Module  # EAGLE-3 head over a reduced 6-token draft vocabulary
     eagle31: torch.nn.Module  # EAGLE-3.1 (normalize_features): norms per feature layer, post-norm states fed back
     layerskip: torch.nn.Module  # a LayerSkip exit head after layer 1 of 2, over a reduced 6-token draft vocabulary
+    peagle: torch.nn.Module  # P-EAGLE (3 tokens a pass) over a reduced 6-token draft vocabulary, its mask_hidden random
 
 
 # name -> how to build its WiringCase(drafter, tree, q_ref, check_draft) from the Models: a new drafter
@@ -76,6 +80,9 @@ WIRING = {
     # LayerSkip: the target's own first layer and a trained-from-the-target exit head sample the chain; q is the
     # head's distribution on the target's layer-1 state after the node's path (plain forward)
     "layerskip-chain": lambda m: WiringCase(m.layerskip, "chain-3", q_ref=layerskip_q_ref(m.target, m.layerskip)),
+    # P-EAGLE: the root's row and two mask slots from one pass; node j's child is drawn from row j, which reads the
+    # context alone (never the drafted tokens)
+    "peagle-chain": lambda m: WiringCase(m.peagle, "chain-3", q_ref=peagle_q_ref(m.target, m.peagle)),
     # EAGLE-2 dynamic trees draft deterministically (top-k by cumulative log-probability)
     "eagle3-dynamic": lambda m: WiringCase(m.eagle3, {"depth": 3, "top_k": 2, "total_tokens": 5}, fixed_shape=False),
 }
@@ -93,7 +100,31 @@ def models():
     eagle3 = train_eagle(target, 3, seed=2, steps=60, low=0, draft_vocab=6)
     eagle31 = train_eagle(target, 3, seed=3, steps=60, low=0, draft_vocab=6, normalize_features=True)
     layerskip = LayerSkipHead.from_target(target, exit_layer=1, draft_vocab_size=6, draft_tokens=[0, 1, 2, 4, 5, 7])
-    return Models(target, draft, heads, eagle1, eagle3, eagle31, layerskip)
+    torch.manual_seed(4)
+    peagle = PEagleHead.from_target(target, parallel_depths=3, draft_vocab_size=6, draft_tokens=[0, 1, 2, 4, 5, 7])
+    with torch.no_grad():
+        peagle.mask_hidden.normal_()
+    return Models(target, draft, heads, eagle1, eagle3, eagle31, layerskip, peagle)
+
+
+def peagle_q_ref(target, head):
+    """Row j of P-EAGLE's pass after the context ``ids[:context_len]`` (j = the node's depth): the head over the
+    target's features of the context (one plain forward), then j slots, widened."""
+    @torch.no_grad()
+    def ref(ids, context_len, params):
+        ctx = torch.tensor([ids[:context_len]])
+        feats = capture_features(target, ctx, head.config.feature_layers)  # [1, L, F]
+        h = head(ctx[:, 1:], head.input_hidden(feats[:, :-1]), torch.arange(context_len - 1)[None])[0, -1:]  # [1, H]
+        depth = len(ids) - context_len
+        if depth:
+            cache = DraftCache()
+            head(ctx[:, 1:], head.input_hidden(feats[:, :-1]), torch.arange(context_len - 1)[None], cache=cache)
+            h = head.slots(torch.arange(context_len - 1, context_len - 1 + depth)[None], cache=cache)[0, -1:]
+        q = probs(head.logits(h[0]), params)
+        full = q.new_zeros(head.config.vocab_size)
+        full[head.draft_token_ids] = q
+        return full
+    return ref
 
 
 def layerskip_q_ref(target, head):
@@ -218,11 +249,12 @@ def sample_first3(target, drafter, tree, params, n, seed):
 # One end-to-end case per drafter kind (test_sampling_wiring checks every kind, chain and tree, node by node).
 DEFAULT_CASES = [("medusa-tree", "T0.7-p0.9"), ("draft-chain", "T0.7-p0.9"), ("lookup-tree", "T0.7-p0.9"),
                  ("eagle3-tree", "T1"), ("suffix", "T0.7-p0.9"), ("hybrid-medusa", "T0.7-p0.9"),
-                 ("layerskip-chain", "T1")]
+                 ("layerskip-chain", "T1"), ("peagle-chain", "T0.7-p0.9")]
 # One per drafter kind, both settings, (drafter, setting) pairs the default lane does not run (the draft
 # model's chain runs there at T0.7-p0.9 and its tree here: no third pair for it).
 SLOW_CASES = [("medusa-tree", "T1"), ("draft-tree", "T0.7-p0.9"), ("lookup-tree", "T1"),
-              ("eagle3-tree", "T0.7-p0.9"), ("eagle3-dynamic", "T1"), ("layerskip-chain", "T0.7-p0.9")]
+              ("eagle3-tree", "T0.7-p0.9"), ("eagle3-dynamic", "T1"), ("layerskip-chain", "T0.7-p0.9"),
+              ("peagle-chain", "T1")]
 
 
 @pytest.mark.parametrize("drafter, setting", DEFAULT_CASES)

@@ -182,3 +182,67 @@ def test_eagle31_goes_to_the_speculators_layout_only(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match="this head is EAGLE-3.1 .* export it as 'speculators'"):
         export_quietly(head, tmp_path / "s", "sglang")
     assert not (tmp_path / "s").exists()
+
+
+def test_speculators_package_computes_what_the_peagle_export_computes(tiny_llama, tmp_path):
+    """P-EAGLE: the export is speculators' peagle model (mask_token_id, the depths as speculative_tokens,
+    mask_hidden in the engines' layer order); the package loads it, and its modules over the context and
+    two mask slots in one causal pass give our root and slot logits; it reads back the same."""
+    pytest.importorskip("speculators")
+    from speculators import SpeculatorModel
+
+    from headway.heads.formats.eagle import export_eagle
+    from headway.heads.peagle import PEagleHead
+    from headway.heads.eagle_layer import DraftCache
+
+    target, _ = tiny_llama
+    head = PEagleHead.from_target(target, feature_layers=[1, 0, 2], parallel_depths=3, mask_token_id=7)
+    with torch.no_grad():
+        head.mask_hidden.normal_()  # distinct blocks: a mask_hidden left in headway's order would show
+    verifier = tmp_path / "target"
+    target.save_pretrained(verifier)
+    out = export_quietly(head, tmp_path / "p", "speculators", target_name_or_path=str(verifier))
+    config, tensors = config_and_tensors(out)
+    assert config["speculators_model_type"] == "peagle" and config["mask_token_id"] == 7
+    assert config["speculators_config"]["algorithm"] == "peagle"
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    mh = head.mask_hidden.detach()
+    assert torch.equal(tensors["mask_hidden"].flatten(), torch.cat([mh[64:128], mh[:64], mh[128:]]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SpeculatorModel.from_pretrained(str(out))
+    assert type(model).__name__ == "PEagleDraftModel" and model.mask_token_id == 7
+    model.config.transformer_layer_config._attn_implementation = "sdpa"
+    ids = torch.randint(0, 218, (1, 5))
+    feats = torch.randn(1, 5, head.config.feature_width)  # headway's order [1, 0, 2]
+    sorted_feats = torch.cat([feats[..., 64:128], feats[..., :64], feats[..., 128:]], -1)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        tokens = torch.cat([ids, torch.full((1, 2), 7)], 1)  # the context, then two slots
+        hidden = torch.cat([sorted_feats, model.mask_hidden.expand(1, 2, -1)], 1)
+        x = torch.cat([model.embed_tokens(tokens), model.fc(hidden)], dim=-1)
+        pos = torch.arange(7)[None]
+        h = model.layers[0](x, attention_mask=None, position_ids=pos, position_embeddings=model.rotary_emb(x, pos))
+        theirs = model.lm_head(model.norm(h[0] if isinstance(h, tuple) else h))[0, 4:]  # root, slot 1, slot 2
+        head.bind_target(target)
+        cache = DraftCache()  # the runtime's way: the context into the cache, then the slots after it
+        root = head(ids, head.input_hidden(feats), torch.arange(5)[None], cache=cache)[0, -1:]
+        slots = head.slots(torch.arange(5, 7)[None], cache=cache)[0]
+        mine = head.logits(torch.cat([root, slots]))
+    torch.testing.assert_close(mine, theirs)
+    back = quiet(import_eagle, out)
+    assert type(back).__name__ == "PEagleHead" and back.config.parallel_depths == 3 and back.config.mask_token_id == 7
+    back.bind_target(target)
+    with torch.no_grad():
+        torch.testing.assert_close(back.logits(back.slots(torch.arange(5, 7)[None], cache=_context(back, ids, sorted_feats))[0]),
+                                   mine[1:])
+    with pytest.raises(ValueError, match="this head is P-EAGLE .* export it as 'speculators'"):
+        export_eagle(head, tmp_path / "s", "sglang")
+
+
+def _context(head, ids, feats):
+    from headway.heads.eagle_layer import DraftCache
+
+    cache = DraftCache()
+    head(ids, head.input_hidden(feats), torch.arange(ids.shape[1])[None], cache=cache)
+    return cache

@@ -1,0 +1,75 @@
+"""P-EAGLE's runtime (arXiv:2602.01469; ``headway.heads.peagle``): K draft tokens from one drafter pass.
+
+A round catches the drafter's cache up on the newly accepted positions (as EAGLE does: the root's entry
+pairs the root token with the target's last feature, and its output scores depth 1), then runs the
+K - 1 mask slots at the following positions in one causal forward (slot j scores depth j + 1), and crops
+the slots off the cache. The draft is a chain: greedy takes each row's argmax, sampling draws each token
+from its own row's distribution q (the row does not depend on the tokens drawn before it, which the
+verifier needs no more than q itself: the chain stays exact). ``tree="auto"`` may cut the chain, its
+scores the running product of each depth's chosen probability.
+"""
+
+from __future__ import annotations
+
+from typing import Generator
+
+import torch
+
+from headway.heads.peagle import PEagleHead
+from headway.inference.cpu_gemm import few_rows_linear
+from headway.inference.eagle import EagleProposer
+from headway.inference.proposer import Draft, DraftContext, DraftRequest, root_only
+from headway.inference.tree import Tree, chain
+from headway.inference.verify import probs
+
+
+class PEagleProposer(EagleProposer):
+    """Wraps a ``PEagleHead``; default tree: a chain of its ``parallel_depths`` tokens."""
+
+    def __init__(self, head: PEagleHead):
+        super().__init__(head)
+        self.depths = head.config.parallel_depths
+
+    def default_tree(self) -> Tree:
+        return chain(self.depths)
+
+    def resolve_tree(self, spec):
+        return super(EagleProposer, self).resolve_tree(spec)  # a static tree only (no EAGLE-2 settings)
+
+    def check_tree(self, tree: Tree) -> None:
+        if not tree.is_chain or tree.depth > self.depths:
+            raise ValueError(f"P-EAGLE drafts a chain of at most parallel_depths={self.depths} tokens in one pass, got "
+                             f"the tree {tree.name or tree.size} (depth {tree.depth}); pass chain-1 .. "
+                             f"chain-{self.depths} or tree=None")
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> Draft:
+        tree = ctx.tree if isinstance(ctx.tree, Tree) else self.default_tree()
+        depth = min(tree.depth, ctx.max_depth)
+        root_h = self._catch_up(ctx)
+        if root_h is None or depth < 1:
+            return root_only(ctx)
+        head, length = self.head, ctx.tokens.shape[0]
+        rows = root_h[None]  # [1, H]: depth 1
+        if depth > 1:  # slot j at position L-2+j, j = 1 .. depth-1
+            positions = torch.arange(length - 1, length - 2 + depth, device=self._device)[None]
+            rows = torch.cat([rows, head.slots(positions, cache=self._cache)[0]])  # [depth, H]
+            self._cache.crop(self._seen)
+        logits = few_rows_linear(*head.projection(rows)).float()  # [depth, V']
+        if ctx.sampling is None:
+            picked = logits.argmax(-1)  # [depth]
+            chosen = logits.softmax(-1).gather(1, picked[:, None])[:, 0]
+            q = None
+        else:
+            dist = probs(logits, ctx.sampling)  # [depth, V']
+            picked = torch.multinomial(dist, 1, generator=ctx.generator)[:, 0]
+            chosen = dist.gather(1, picked[:, None])[:, 0]
+            q = {i: self._widen(dist[i]) for i in range(depth)}  # node i's child was drawn from q[i]
+        tokens = torch.cat([ctx.tokens[-1:], head.to_target_ids(picked)])  # [depth + 1]
+        scores = torch.cat([chosen.new_ones(1), chosen.cumprod(0)])
+        return Draft(chain(depth), tokens, q=q, scores=scores)
+
+    def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
+        """A batch's row drafts alone (its one pass needs no level-by-level batching)."""
+        return self.propose(ctx)
+        yield  # a generator (never reached)

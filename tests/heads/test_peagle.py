@@ -1,0 +1,35 @@
+"""The P-EAGLE head: its config's checks, the mask token's default, the slots' input, a strict round trip in
+headway's format, and its kind in the registry."""
+
+import pytest
+import torch
+
+from headway.heads import load_drafter
+from headway.heads.peagle import PEagleConfig, PEagleHead, default_mask_token
+from headway.heads.registry import kind_of
+from headway.heads.target.tiny import build_tiny_target
+
+
+def test_config_checks():
+    base = dict(num_target_layers=4, vocab_size=100, hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    assert PEagleConfig(**base).parallel_depths == 4
+    with pytest.raises(ValueError, match="parallel_depths must be >= 2"):
+        PEagleConfig(**base, parallel_depths=1)
+    with pytest.raises(ValueError, match="extends EAGLE-3"):
+        PEagleConfig(**base, version=1, feature_layers=[4])
+    with pytest.raises(ValueError, match="ignores fc_norm for peagle"):
+        PEagleConfig(**base, normalize_features=True)
+    with pytest.raises(ValueError, match="mask_token_id must be a token id in 0..99"):
+        PEagleConfig(**base, mask_token_id=100)
+
+
+def test_from_target_round_trip_and_kind(tmp_path):
+    target, tok = build_tiny_target("llama")
+    head = PEagleHead.from_target(target, parallel_depths=3)
+    assert head.config.mask_token_id == default_mask_token(target) == tok.pad_token_id
+    assert head.mask_hidden.shape == (head.config.feature_width,) and kind_of(head).name == "peagle"
+    assert torch.allclose(head.slot_hidden(), head.fc(head.mask_hidden))
+    head.save_pretrained(tmp_path / "p")
+    back = load_drafter(tmp_path / "p")
+    assert isinstance(back, PEagleHead) and back.config == head.config
+    assert torch.equal(back.mask_hidden, head.mask_hidden)

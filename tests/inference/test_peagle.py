@@ -1,0 +1,67 @@
+"""P-EAGLE's runtime: the root's prediction and K - 1 mask slots in one pass, verified as a chain; the output
+is the target's own (greedy on both families, under tree="auto", in a batch; sampling: test_generator_sampling's
+wiring case)."""
+
+import pytest
+import torch
+
+from headway.heads.peagle import PEagleHead
+from headway.inference import SpeculativeGenerator
+
+
+@pytest.fixture(scope="module")
+def heads():
+    return {}
+
+
+def peagle_for(family, heads):
+    if family.name not in heads:
+        torch.manual_seed(0)
+        heads[family.name] = PEagleHead.from_target(family.target, parallel_depths=3, draft_vocab_size=150,
+                                                    draft_tokens=list(range(150)))
+    return heads[family.name]
+
+
+@pytest.mark.parametrize("tree", [None, "auto", "chain-2"])
+def test_greedy_equals_generate(family, heads, tree):
+    gen = SpeculativeGenerator(family.target, peagle_for(family, heads), tree=tree)
+    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:12]):
+        out = gen.generate(prompt, max_new_tokens=max_new)
+        assert torch.equal(out.sequences, ref), f"{family.name}: prompt {i} differs from generate"
+        if tree is None and i == 0:
+            assert max(out.stats.draft_depth_per_step) == 3  # the whole chain, from one drafter pass
+
+
+def test_one_drafter_pass_per_round(family, heads, monkeypatch):
+    """The slots run once a round, all K - 1 together, and leave the drafter's cache holding the context only."""
+    head = peagle_for(family, heads)
+    calls = []
+    real = PEagleHead.slots
+    monkeypatch.setattr(PEagleHead, "slots", lambda self, positions, **kw: calls.append(positions.shape[1]) or
+                        real(self, positions, **kw))
+    gen = SpeculativeGenerator(family.target, head, tree=None)
+    out = gen.generate(family.prompts[1], max_new_tokens=20)
+    drafted = [d for d in out.stats.draft_depth_per_step if d > 1]
+    assert calls and all(c == d - 1 for c, d in zip(calls, drafted)) and len(calls) == len(drafted)
+    assert len(gen.drafter._cache) == gen.drafter._seen
+
+
+def test_a_batch_equals_its_rows_alone(family, heads):
+    gen = SpeculativeGenerator(family.target, peagle_for(family, heads), tree=None)
+    prompts = [family.prompts[2][0], family.prompts[3][0][:5]]
+    width = max(p.shape[0] for p in prompts)
+    pad = family.target.generation_config.pad_token_id or 0
+    ids = torch.stack([torch.cat([torch.full((width - p.shape[0],), pad), p]) for p in prompts])
+    mask = torch.stack([torch.cat([torch.zeros(width - p.shape[0]), torch.ones(p.shape[0])]) for p in prompts]).long()
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=10, eos_token_id=None)
+    for r, p in enumerate(prompts):
+        alone = gen.generate(p[None], max_new_tokens=10, eos_token_id=None).sequences[0]
+        assert torch.equal(out.sequences[r, width - p.shape[0]:][:alone.shape[0]], alone)  # left padding dropped
+
+
+def test_bad_trees_are_refused(family, heads):
+    head = peagle_for(family, heads)
+    with pytest.raises(ValueError, match="P-EAGLE drafts a chain of at most parallel_depths=3"):
+        SpeculativeGenerator(family.target, head, tree="tree-7")
+    with pytest.raises(ValueError, match="P-EAGLE drafts a chain of at most parallel_depths=3"):
+        SpeculativeGenerator(family.target, head, tree="chain-4")

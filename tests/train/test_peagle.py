@@ -1,0 +1,70 @@
+"""P-EAGLE training: the parallel mask, the loss (its depth 0 is EAGLE-3's step 0), the tiny config end to
+end (train, export, load, generate the target's output) and bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from headway.heads import load_drafter
+from headway.heads.peagle import PEagleHead
+from headway.heads.target.features import capture_features
+from headway.heads.target.tiny import build_tiny_target
+from headway.inference import SpeculativeGenerator
+from headway.train.eagle_losses import eagle3_loss
+from headway.train.peagle import main, parallel_mask, peagle_loss
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "peagle" / "tiny.yaml"
+
+
+def test_the_parallel_mask():
+    m = parallel_mask(3, 3, "cpu")  # rows: real 0..2, depth-1 slots of anchors 0..2, depth-2 slots
+    assert m[:3, :3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert not m[:3, 3:].any()  # real positions never see slots
+    slot = 3 + 1  # anchor 1, depth 1: real 0..1 and itself
+    assert m[slot].nonzero().flatten().tolist() == [0, 1, 4]
+    assert m[6 + 2].nonzero().flatten().tolist() == [0, 1, 2, 5, 8]  # anchor 2, depth 2: real 0..2, (2,1), itself
+
+
+def test_depth_zero_is_eagle3s_first_step():
+    target, _ = build_tiny_target("llama")
+    head = PEagleHead.from_target(target, parallel_depths=3)
+    head.bind_target(target)
+    ids = torch.randint(3, 200, (2, 12))
+    assert head.config.feature_layers == [0, 1, 2]  # a 2-layer target's default: the final norm's (2) is last
+    feats = capture_features(target, ids, head.config.feature_layers)
+    fused, last = feats[..., :head.config.feature_width], feats[..., -64:]
+    rows = target.lm_head.weight.detach().float()
+    mask = torch.ones_like(ids)
+    _, ours = peagle_loss(head, fused, last, ids, mask, rows, None, None, chunk_size=0)
+    _, theirs = eagle3_loss(head, fused, last, ids, mask, rows, None, None, steps=1, chunk_size=0)
+    assert torch.allclose(ours["step0/loss_sum"], theirs["step0/loss_sum"], atol=1e-4)
+    assert int(ours["step0/top1"]) == int(theirs["step0/top1"]) and {"step1/count", "step2/count"} <= set(ours)
+
+
+def test_tiny_config_trains_exports_loads_and_generates_the_targets_output(tmp_path, capsys):
+    out = tmp_path / "pe"
+    main(["--config", str(TINY), f"train.output_dir={out}", "train.max_steps=6"])
+    assert "depth 2 (token t+4): held-out top-1" in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert config["drafter_type"] == "peagle" and config["parallel_depths"] == 3
+    head = load_drafter(out)
+    target, tok = build_tiny_target("llama")
+    prompt = tok("hello there, how are you", return_tensors="pt").input_ids
+    ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=16)
+    assert torch.equal(SpeculativeGenerator(target, head, tree=None).generate(prompt, max_new_tokens=16).sequences, ref)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("peagle.parallel_depths=1", "parallel_depths must be >= 2"),
+    ("peagle.normalize_features=true", "ignores fc_norm for peagle"),
+    ("loss.decay=0", "loss.decay must be > 0"),
+])
+def test_bad_input_is_a_one_line_error(tmp_path, capsys, override, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", str(TINY), f"train.output_dir={tmp_path / 'x'}", override])
+    assert exc.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], errors
