@@ -33,18 +33,27 @@ from headway.inference.target_forward import early_forward
 from headway.inference.verify import probs
 
 
+DEFAULT_MIN_PROB = 0.3  # stop drafting after a token the exit head gives less than this
+
+
 class LayerSkipProposer(Proposer):
-    """Drafts a chain of ``num_draft`` tokens (the head's default) with the target's first
-    ``exit_layer`` layers and the exit head; see the module docstring."""
+    """Drafts a chain of up to ``num_draft`` tokens (the head's default) with the target's first
+    ``exit_layer`` layers and the exit head; see the module docstring. Drafting stops after a token whose
+    probability under the exit head is below ``min_prob`` (each early step costs E/L of a target step:
+    an unlikely token's successors are not worth drafting). The stop follows the drawn token, so it never
+    changes what was proposed at a position, only whether the next one is: sampling stays exact."""
 
     shares_target_cache = True  # it writes the target's early layers: the generator resumes verification
 
-    def __init__(self, head: LayerSkipHead, num_draft: int | None = None):
+    def __init__(self, head: LayerSkipHead, num_draft: int | None = None, min_prob: float = DEFAULT_MIN_PROB):
         self.head = head.eval()
         self.exit_layer = head.config.exit_layer
         self.num_draft = num_draft or head.config.num_draft
         if self.num_draft < 1:
             raise ValueError(f"num_draft must be >= 1, got {self.num_draft}")
+        if not 0.0 <= min_prob < 1.0:
+            raise ValueError(f"min_prob must be in [0, 1), got {min_prob}")
+        self.min_prob = min_prob
         self._target = None
         self._cache = None
 
@@ -78,25 +87,30 @@ class LayerSkipProposer(Proposer):
         start = ctx.tokens.shape[0] - 1  # the root's position; the cache holds everything before it
         token = ctx.tokens[-1:]
         states, tokens, qs, scores = [], [token], [], []
+        stop = False
         for i in range(depth + 1):
             state = early_forward(model, cache, token, start + i, e)  # [1, H]
             states.append(state)
-            if i == depth:
+            if i == depth or stop:
                 break  # the last token ran for its state only
             logits = head(state)[0].float()  # [V']
             if ctx.sampling is None:
                 choice = logits.argmax()[None]
-                scores.append(logits.softmax(-1)[choice])
+                chosen = logits.softmax(-1)[choice]
             else:
                 q = probs(logits, ctx.sampling)  # [V'] the distribution the next token is drawn from
                 choice = torch.multinomial(q, 1, generator=ctx.generator)
+                chosen = q[choice]
                 qs.append(self._widen(q))
+            scores.append(chosen)
+            stop = self.min_prob > 0 and float(chosen) < self.min_prob  # one read a step (a CPU's is free)
             token = head.to_target_ids(choice)  # [1]
             tokens.append(token)
         draft_tokens = torch.cat(tokens)  # [depth + 1]
         q = dict(enumerate(qs)) if qs else None  # node i's child was drawn from q[i] [V]
-        score = torch.cat([scores[0].new_ones(1), torch.cat(scores).cumprod(0)]) if scores else None  # [depth + 1]
-        return Draft(chain(depth), draft_tokens, q=q, scores=score, states=torch.cat(states))
+        # tree="auto" reads the scores of greedy drafts only (sampled ones are judged before the draw)
+        score = torch.cat([scores[0].new_ones(1), torch.cat(scores).cumprod(0)])  # [n]
+        return Draft(chain(len(tokens) - 1), draft_tokens, q=q, scores=score, states=torch.cat(states))
 
     def _widen(self, q: torch.Tensor) -> torch.Tensor:
         """q over the draft vocabulary [V'] -> over the target's [V] (zero outside it)."""

@@ -132,3 +132,19 @@ def test_a_gpt2_target_is_refused_in_one_line():
     gpt2, _ = build_tiny_target("gpt2")
     with pytest.raises(ValueError, match="supports Llama-style decoders"):
         LayerSkipHead.from_target(gpt2, exit_layer=1)
+
+
+def test_drafting_stops_after_an_unlikely_token(family):
+    """min_prob: no token after one the exit head gave less than it; 0 drafts the whole chain. Output unchanged."""
+    target = family.target
+    head = LayerSkipHead.from_target(target, exit_layer=1, num_draft=4)
+    depths = {}
+    for min_prob in (0.0, 0.999):
+        gen = SpeculativeGenerator(target, LayerSkipProposer(head, min_prob=min_prob), tree=None)
+        out = gen.generate(family.prompts[4], max_new_tokens=40)
+        assert torch.equal(out.sequences, reference_generate(target, family.prompts[4], 40))
+        depths[min_prob] = out.stats.draft_depth_per_step[1:]  # the prompt's pass aside
+    # min_prob 0: the whole chain (but where the budget cuts it); nearly 1: one token a round
+    assert depths[0.0].count(4) >= len(depths[0.0]) - 2 and 1 in depths[0.999] and set(depths[0.999]) <= {0, 1}
+    with pytest.raises(ValueError, match=r"min_prob must be in \[0, 1\)"):
+        LayerSkipProposer(head, min_prob=1.0)
