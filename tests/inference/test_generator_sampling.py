@@ -77,9 +77,10 @@ WIRING = {
     "eagle1-chain": lambda m: WiringCase(m.eagle1, "chain-2", q_ref=eagle_q_ref(m.target, m.eagle1)),
     "eagle3-tree": lambda m: WiringCase(m.eagle3, TREE, q_ref=eagle_q_ref(m.target, m.eagle3)),
     "eagle31-tree": lambda m: WiringCase(m.eagle31, TREE, q_ref=eagle_q_ref(m.target, m.eagle31)),
-    # LayerSkip: the target's own first layer and a trained-from-the-target exit head sample the chain; q is the
+    # LayerSkip: the target's own first layer and an exit head started from the target's sample the chain; q is the
     # head's distribution on the target's layer-1 state after the node's path (plain forward)
-    "layerskip-chain": lambda m: WiringCase(m.layerskip, "chain-3", q_ref=layerskip_q_ref(m.target, m.layerskip)),
+    "layerskip-chain": lambda m: WiringCase(m.layerskip, "chain-3", q_ref=layerskip_q_ref(m.target, m.layerskip),
+                                            fixed_shape=False),  # it stops after an unlikely token (min_prob)
     # P-EAGLE: the root's row and two mask slots from one pass; node j's child is drawn from row j, which reads the
     # context alone (never the drafted tokens)
     "peagle-chain": lambda m: WiringCase(m.peagle, "chain-3", q_ref=peagle_q_ref(m.target, m.peagle)),
