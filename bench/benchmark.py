@@ -98,16 +98,11 @@ DEFAULT_EAGLE_TREES = [name for name in EAGLE_TREES if not name.endswith("-unpru
 RETRIEVAL = {"lookup": lambda: PromptLookup(), "suffix": lambda: SuffixDecoding(cross_request=False)}
 
 
-def retrieval_kinds(lookup) -> tuple:
-    """``lookup`` as the retrieval drafters to merge: True is prompt lookup alone, False none, else names of
-    RETRIEVAL."""
-    return ("lookup",) if lookup is True else () if not lookup else tuple(lookup)
-
-
 def with_lookup(drafter, lookup) -> list:
-    """The drafter alone, and with each retrieval drafter of ``lookup`` (see retrieval_kinds) merged into its
+    """The drafter alone, and with each retrieval drafter ``lookup`` names (True: prompt lookup) merged into its
     tree (a hybrid): "... + lookup", "... + suffix"."""
-    return [("", drafter)] + [(f" + {kind}", [drafter, RETRIEVAL[kind]()]) for kind in retrieval_kinds(lookup)]
+    kinds = ("lookup",) if lookup is True else () if not lookup else tuple(lookup)  # True: prompt lookup alone
+    return [("", drafter)] + [(f" + {kind}", [drafter, RETRIEVAL[kind]()]) for kind in kinds]
 
 
 def eagle_methods(target, folder: str, trees, taken=(), lookup=False) -> dict:
