@@ -123,7 +123,44 @@ class EagleConfig(DrafterConfig):
             tie_word_embeddings=False)
 
 
-class EagleHead(DraftVocabulary, Drafter):
+def target_layer_fields(target_model) -> dict:
+    """An EAGLE-style drafter layer's sizes from ``target_model``'s config: hidden size, heads, MLP width, RoPE,
+    vocabulary, depth (EagleConfig's field names; DFlash's too)."""
+    tcfg = target_model.config.get_text_config()
+    h = tcfg.hidden_size
+    heads = getattr(tcfg, "num_attention_heads", None) or max(1, h // 64)
+    rope = dict(getattr(tcfg, "rope_parameters", None) or {})
+    theta = rope.pop("rope_theta", None) or getattr(tcfg, "rope_theta", None) or 10000.0
+    if rope.get("rope_type", "default") == "default":
+        rope = {}
+    return dict(
+        hidden_size=h, vocab_size=tcfg.vocab_size,
+        base_model_name_or_path=getattr(tcfg, "_name_or_path", None) or None,
+        num_attention_heads=heads, num_key_value_heads=getattr(tcfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(tcfg, "head_dim", None) or h // heads,
+        intermediate_size=getattr(tcfg, "intermediate_size", None) or 4 * h,
+        rms_norm_eps=getattr(tcfg, "rms_norm_eps", None) or 1e-6, rope_theta=float(theta),
+        rope_scaling=rope or None,
+        max_position_embeddings=getattr(tcfg, "max_position_embeddings", None) or 8192,
+        num_target_layers=tcfg.num_hidden_layers)
+
+
+class Fp32Rope(nn.Module):
+    """Mixin for a drafter with a ``rotary_emb``: module casts and moves (``.to``, ``.half()``, ``.float()``)
+    keep RoPE's inverse frequencies in float32 as transformers computes them: a bf16 cast would round them for
+    good (a bf16 checkpoint loads through one), and every later position's angle with them."""
+
+    def _apply(self, fn, recurse=True):
+        rope = self.rotary_emb
+        exact = rope.inv_freq.detach().clone() if rope.inv_freq.dtype == torch.float32 else None
+        super()._apply(fn, recurse)
+        if exact is not None and rope.inv_freq.dtype != torch.float32:
+            rope.inv_freq = exact.to(rope.inv_freq.device)
+            rope.original_inv_freq = exact.clone().to(rope.inv_freq.device)
+        return self
+
+
+class EagleHead(Fp32Rope, DraftVocabulary, Drafter):
     """An EAGLE-1 or EAGLE-3 drafter; build with ``EagleHead.from_target(target, version=3)``.
 
     ``EagleHead(config)`` is an ``Eagle1Head`` or an ``Eagle3Head`` (``config.version``); each of those
@@ -171,18 +208,6 @@ class EagleHead(DraftVocabulary, Drafter):
         """Create ``fc``, the decoder layer and the version's own modules (in the official order)."""
         raise NotImplementedError
 
-    def _apply(self, fn, recurse=True):
-        """Module casts and moves (``.to``, ``.half()``, ``.float()``), with RoPE's inverse frequencies
-        kept in float32 as transformers computes them: a bf16 cast would round them for good (a bf16
-        checkpoint loads through one), and every later position's angle with them."""
-        rope = self.rotary_emb
-        exact = rope.inv_freq.detach().clone() if rope.inv_freq.dtype == torch.float32 else None
-        super()._apply(fn, recurse)
-        if exact is not None and rope.inv_freq.dtype != torch.float32:
-            rope.inv_freq = exact.to(rope.inv_freq.device)
-            rope.original_inv_freq = exact.clone().to(rope.inv_freq.device)
-        return self
-
     # --- construction ----------------------------------------------------------------------
 
     @classmethod
@@ -193,23 +218,7 @@ class EagleHead(DraftVocabulary, Drafter):
         feature_layers, draft_vocab_size, fc_bias, store_embeddings); ``overrides`` win over both.
         ``draft_tokens``: target ids of the reduced draft vocabulary when ``draft_vocab_size`` is set
         (e.g. ``frequent_tokens(data, n)``)."""
-        tcfg = target_model.config.get_text_config()
-        h = tcfg.hidden_size
-        heads = getattr(tcfg, "num_attention_heads", None) or max(1, h // 64)
-        rope = dict(getattr(tcfg, "rope_parameters", None) or {})
-        theta = rope.pop("rope_theta", None) or getattr(tcfg, "rope_theta", None) or 10000.0
-        if rope.get("rope_type", "default") == "default":
-            rope = {}
-        fields = dict(
-            hidden_size=h, vocab_size=tcfg.vocab_size, version=cls.version or 3,
-            base_model_name_or_path=getattr(tcfg, "_name_or_path", None) or None,
-            num_attention_heads=heads, num_key_value_heads=getattr(tcfg, "num_key_value_heads", None) or heads,
-            head_dim=getattr(tcfg, "head_dim", None) or h // heads,
-            intermediate_size=getattr(tcfg, "intermediate_size", None) or 4 * h,
-            rms_norm_eps=getattr(tcfg, "rms_norm_eps", None) or 1e-6, rope_theta=float(theta),
-            rope_scaling=rope or None,
-            max_position_embeddings=getattr(tcfg, "max_position_embeddings", None) or 8192,
-            num_target_layers=tcfg.num_hidden_layers)
+        fields = {**target_layer_fields(target_model), "version": cls.version or 3}
         if config is not None:
             fields.update({k: getattr(config, k) for k in ("version", "feature_layers", "draft_vocab_size",
                                                            "fc_bias", "store_embeddings", "normalize_features")})

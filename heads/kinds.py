@@ -1,5 +1,5 @@
 """headway's own drafter kinds, registered (``headway.heads.registry``): Medusa heads, EAGLE-1/2,
-EAGLE-3 and LayerSkip exit heads. A kind defined elsewhere registers the same way, with its own ``DrafterKind``."""
+EAGLE-3, LayerSkip exit heads, P-EAGLE and DFlash. A kind defined elsewhere registers the same way, with its own ``DrafterKind``."""
 
 from __future__ import annotations
 
@@ -88,3 +88,18 @@ PEAGLE = register_kind(DrafterKind(
                                        "pass)", "peagle/tiny")},
     exports=("speculators",), imports=("speculators",),
     info_fields=(*_EAGLE_INFO, "parallel_depths", "mask_token_id"), describe=_describe_peagle))
+
+
+def _describe_dflash(info: dict) -> str:
+    return (f"DFlash block drafter: {info.get('num_layers')} layer(s) over fused target layers "
+            f"{info.get('feature_layers')} as every layer's context, a block of {info.get('block_size')} "
+            f"(the anchor and mask token {info.get('mask_token_id')}) per pass, the target's embedding and lm_head")
+
+
+DFLASH = register_kind(DrafterKind(
+    name="dflash", title="DFlash", drafter_type="dflash", head_class="headway.heads.dflash:DFlashHead",
+    proposer="headway.inference.dflash:DFlashProposer",
+    training={"dflash": TrainingMethod("headway.train.dflash", "a DFlash block drafter (B - 1 tokens from one pass "
+                                       "over the target's features)", "dflash/tiny")},
+    info_fields=("feature_layers", "num_target_layers", "num_layers", "block_size", "mask_token_id"),
+    describe=_describe_dflash))
