@@ -27,6 +27,7 @@ import headway.inference.generator as generator_mod
 import headway.inference.processors as processors_mod
 import headway.inference.verify as verify_mod
 from headway.inference.verify import probs
+from headway.heads.dflash import DFlashHead
 from headway.heads.eagle_layer import DraftCache
 from headway.heads.layerskip import LayerSkipHead
 from headway.heads.peagle import PEagleHead
@@ -50,6 +51,7 @@ class Models:
     eagle31: torch.nn.Module  # EAGLE-3.1 (normalize_features): norms per feature layer, post-norm states fed back
     layerskip: torch.nn.Module  # a LayerSkip exit head after layer 1 of 2, over a reduced 6-token draft vocabulary
     peagle: torch.nn.Module  # P-EAGLE (3 tokens a pass) over a reduced 6-token draft vocabulary, its mask_hidden random
+    dflash: torch.nn.Module  # DFlash (blocks of 4: 3 slots a pass), two layers, weights perturbed at random
 
 
 # name -> how to build its WiringCase(drafter, tree, q_ref, check_draft) from the Models: a new drafter
@@ -84,6 +86,9 @@ WIRING = {
     # P-EAGLE: the root's row and two mask slots from one pass; node j's child is drawn from row j, which reads the
     # context alone (never the drafted tokens)
     "peagle-chain": lambda m: WiringCase(m.peagle, "chain-3", q_ref=peagle_q_ref(m.target, m.peagle)),
+    # DFlash: one block's slots; every depth-d node's children drawn from slot d + 1's row, which reads the context
+    # and the block (never the drafted tokens): a tree whose siblings' subtrees share their candidates' distribution
+    "dflash-tree": lambda m: WiringCase(m.dflash, TREE, q_ref=dflash_q_ref(m.target, m.dflash)),
     # EAGLE-2 dynamic trees draft deterministically (top-k by cumulative log-probability)
     "eagle3-dynamic": lambda m: WiringCase(m.eagle3, {"depth": 3, "top_k": 2, "total_tokens": 5}, fixed_shape=False),
 }
@@ -105,7 +110,26 @@ def models():
     peagle = PEagleHead.from_target(target, parallel_depths=3, draft_vocab_size=6, draft_tokens=[0, 1, 2, 4, 5, 7])
     with torch.no_grad():
         peagle.mask_hidden.normal_()
-    return Models(target, draft, heads, eagle1, eagle3, eagle31, layerskip, peagle)
+    dflash = DFlashHead.from_target(target, block_size=4, num_layers=2)
+    with torch.no_grad():
+        for p in dflash.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return Models(target, draft, heads, eagle1, eagle3, eagle31, layerskip, peagle, dflash)
+
+
+def dflash_q_ref(target, head):
+    """Slot d + 1 of DFlash's block after the context ``ids[:context_len]`` (d = the node's depth): the context's
+    features from one plain forward, the block [root, mask, ...] at the next positions seeing all of it."""
+    @torch.no_grad()
+    def ref(ids, context_len, params):
+        ctx = torch.tensor([ids[:context_len]])
+        feats = capture_features(target, ctx, head.config.feature_layers)  # [1, L, F]
+        kv = head.context_kv(head.context(feats[:, :-1]), torch.arange(context_len - 1)[None])
+        block = torch.full((1, head.config.block_size), head.config.mask_token_id)
+        block[0, 0] = ctx[0, -1]
+        h = head(block, torch.arange(context_len - 1, context_len - 1 + head.config.block_size)[None], kv)
+        return probs(head.logits(h[0, len(ids) - context_len + 1]), params)
+    return ref
 
 
 def peagle_q_ref(target, head):
@@ -250,12 +274,12 @@ def sample_first3(target, drafter, tree, params, n, seed):
 # One end-to-end case per drafter kind (test_sampling_wiring checks every kind, chain and tree, node by node).
 DEFAULT_CASES = [("medusa-tree", "T0.7-p0.9"), ("draft-chain", "T0.7-p0.9"), ("lookup-tree", "T0.7-p0.9"),
                  ("eagle3-tree", "T1"), ("suffix", "T0.7-p0.9"), ("hybrid-medusa", "T0.7-p0.9"),
-                 ("layerskip-chain", "T1"), ("peagle-chain", "T0.7-p0.9")]
+                 ("layerskip-chain", "T1"), ("peagle-chain", "T0.7-p0.9"), ("dflash-tree", "T1")]
 # One per drafter kind, both settings, (drafter, setting) pairs the default lane does not run (the draft
 # model's chain runs there at T0.7-p0.9 and its tree here: no third pair for it).
 SLOW_CASES = [("medusa-tree", "T1"), ("draft-tree", "T0.7-p0.9"), ("lookup-tree", "T1"),
               ("eagle3-tree", "T0.7-p0.9"), ("eagle3-dynamic", "T1"), ("layerskip-chain", "T0.7-p0.9"),
-              ("peagle-chain", "T1")]
+              ("peagle-chain", "T1"), ("dflash-tree", "T0.7-p0.9")]
 
 
 @pytest.mark.parametrize("drafter, setting", DEFAULT_CASES)

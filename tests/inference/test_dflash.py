@@ -1,0 +1,72 @@
+"""DFlash's runtime: the root and B - 1 mask slots in one drafter pass over the context's features, verified as a
+chain or a static tree; the output is the target's own (greedy on both families, under tree="auto", with trees, in a
+batch; sampling: test_generator_sampling's wiring and chi-square cases)."""
+
+import pytest
+import torch
+
+from headway.heads.dflash import DFlashHead
+from headway.inference import SpeculativeGenerator
+
+
+@pytest.fixture(scope="module")
+def heads():
+    return {}
+
+
+def dflash_for(family, heads):
+    if family.name not in heads:
+        torch.manual_seed(0)
+        head = DFlashHead.from_target(family.target, block_size=4, num_layers=2)
+        with torch.no_grad():  # not a fresh init's near-uniform draft: slots that disagree with each other
+            for p in head.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        heads[family.name] = head
+    return heads[family.name]
+
+
+@pytest.mark.parametrize("tree", [None, "auto", "chain-2", "tree-7"])
+def test_greedy_equals_generate(family, heads, tree):
+    gen = SpeculativeGenerator(family.target, dflash_for(family, heads), tree=tree)
+    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:12]):
+        out = gen.generate(prompt, max_new_tokens=max_new)
+        assert torch.equal(out.sequences, ref), f"{family.name}: prompt {i} differs from generate"
+        if tree is None and i == 0:
+            assert max(out.stats.draft_depth_per_step) == 3  # the whole block's B - 1 slots, from one pass
+
+
+def test_one_block_per_round_and_the_context_only_stays(family, heads, monkeypatch):
+    """One drafter forward a round, over the whole block; the caches keep the context's entries only, each layer's
+    as many as the positions verified before the root."""
+    head = dflash_for(family, heads)
+    calls = []
+    real = DFlashHead.forward
+    monkeypatch.setattr(DFlashHead, "forward", lambda self, ids, positions, contexts, attention_mask=None:
+                        calls.append(ids.shape[1]) or real(self, ids, positions, contexts, attention_mask))
+    gen = SpeculativeGenerator(family.target, head, tree=None)
+    out = gen.generate(family.prompts[1], max_new_tokens=20)
+    drafted = [d for d in out.stats.draft_depth_per_step if d > 0]
+    assert calls and set(calls) == {4} and len(calls) == len(drafted)
+    assert all(len(c) == gen.drafter._seen for c in gen.drafter._caches)
+    assert gen.drafter._seen == out.sequences.shape[1] - 2  # the context: every position but the last two's root
+
+
+def test_a_batch_equals_its_rows_alone(family, heads):
+    gen = SpeculativeGenerator(family.target, dflash_for(family, heads), tree=None)
+    prompts = [family.prompts[2][0], family.prompts[3][0][:5]]
+    width = max(p.shape[0] for p in prompts)
+    pad = family.target.generation_config.pad_token_id or 0
+    ids = torch.stack([torch.cat([torch.full((width - p.shape[0],), pad), p]) for p in prompts])
+    mask = torch.stack([torch.cat([torch.zeros(width - p.shape[0]), torch.ones(p.shape[0])]) for p in prompts]).long()
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=10, eos_token_id=None)
+    for r, p in enumerate(prompts):
+        alone = gen.generate(p[None], max_new_tokens=10, eos_token_id=None).sequences[0]
+        assert torch.equal(out.sequences[r, width - p.shape[0]:][:alone.shape[0]], alone)  # left padding dropped
+
+
+def test_a_block_larger_than_trained_is_refused(family, heads):
+    head = dflash_for(family, heads)
+    with pytest.raises(ValueError, match="trained on blocks of 4 tokens, so it drafts at most 3 per pass"):
+        SpeculativeGenerator(family.target, head, tree="chain-4")
+    with pytest.raises(ValueError, match="trained on blocks of 4 tokens"):
+        SpeculativeGenerator(family.target, head, tree=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
