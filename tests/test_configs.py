@@ -63,17 +63,19 @@ def check_run_config(path: Path) -> None:
     entry = resolve(method.entry)
     cfg = load_config(entry.RunConfig, path)  # strict: unknown keys and wrong types raise
     assert cfg.train.output_dir and cfg.model in DEPTH, f"{_name(path)} names an unknown target {cfg.model!r}"
-    drafter = next(getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name in ("heads", "eagle", "layerskip", "peagle"))
+    drafter = next(getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name in ("heads", "eagle", "layerskip", "peagle", "dflash"))
     if path.parent.name == "layerskip":
         from headway.heads.layerskip import LayerSkipConfig
 
         resolved = LayerSkipConfig(**{**vars(drafter), "num_target_layers": DEPTH[cfg.model]})
         assert entry.feature_layers(cfg, DEPTH[cfg.model]) == [resolved.exit_layer, DEPTH[cfg.model]]
-    elif path.parent.name in ("eagle", "peagle"):
+    elif path.parent.name in ("eagle", "peagle", "dflash"):
+        from headway.heads.dflash import DFlashConfig
         from headway.heads.eagle import EagleConfig
         from headway.heads.peagle import PEagleConfig
 
-        resolved = (PEagleConfig if path.parent.name == "peagle" else EagleConfig)(**{**vars(drafter), "num_target_layers": DEPTH[cfg.model]})
+        config_class = {"eagle": EagleConfig, "peagle": PEagleConfig, "dflash": DFlashConfig}[path.parent.name]
+        resolved = config_class(**{**vars(drafter), "num_target_layers": DEPTH[cfg.model]})
         assert resolved.feature_width == resolved.hidden_size * len(resolved.feature_layers)
         assert entry.feature_layers(cfg, DEPTH[cfg.model])[-1] == DEPTH[cfg.model]  # + the final-norm layer
     else:

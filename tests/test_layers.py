@@ -90,9 +90,9 @@ def test_every_package_folder_is_checked():
 # Rooms of the ground floor (heads/): what each may import of headway.heads besides itself
 HEADS_ROOMS = {
     "target": {"files", "values", "target"},  # target loading, tiny targets, feature hooks: nothing above
-    "formats": {"base", "medusa", "eagle", "eagle_layer", "peagle", "layerskip", "registry", "kinds", "files",
+    "formats": {"base", "medusa", "eagle", "eagle_layer", "peagle", "dflash", "layerskip", "registry", "kinds", "files",
                 "values", "target", "formats"},  # the drafters, never the Hub / card / info
-    "drafters": {"base", "medusa", "eagle", "eagle_layer", "peagle", "layerskip", "registry", "kinds", "files",
+    "drafters": {"base", "medusa", "eagle", "eagle_layer", "peagle", "dflash", "layerskip", "registry", "kinds", "files",
                  "values", "target", "hub"},  # the drafter modules and the registry: Hub I/O is theirs (save_pretrained, push_to_hub)
 }
 

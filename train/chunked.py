@@ -24,6 +24,7 @@ closed-form ``q - p`` gradient, the others autograd within each chunk.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -32,6 +33,27 @@ import torch.nn.functional as F
 from headway.train.divergences import CLOSED_FORM, DEFAULT_LK_DECAY, check_kind, row_losses
 
 DEFAULT_CHUNK_SIZE = 512  # rows per chunk: [512, V] fp32 logits (~100 MB at V = 49152); 0 = unchunked
+
+
+@dataclasses.dataclass
+class SoftLossConfig:
+    """What every soft loss through ``linear_cross_entropy`` is set by (a method's ``loss`` block extends it)."""
+
+    # the row loss against the target's distribution (headway.train.divergences): ce (soft cross-entropy),
+    # kl, rkl, jsd, tv, lk_alpha (-log acceptance), lk_lambda
+    kind: str = "ce"
+    lk_decay: float = DEFAULT_LK_DECAY  # lk_lambda: KL weight exp(-lk_decay * alpha)
+    chunk_size: int = DEFAULT_CHUNK_SIZE  # rows per block of the fused cross-entropy (0: unchunked)
+    positions: str = "assistant"  # "assistant" answers, or "all" real tokens (the labels are the target's own)
+
+    def __post_init__(self):
+        check_kind(self.kind, "loss.kind")
+        if not self.lk_decay >= 0:
+            raise ValueError(f"loss.lk_decay must be >= 0, got {self.lk_decay}")
+        if self.chunk_size < 0:
+            raise ValueError(f"loss.chunk_size must be >= 0 (0: unchunked), got {self.chunk_size}")
+        if self.positions not in ("assistant", "all"):
+            raise ValueError(f"loss.positions must be 'assistant' or 'all', got {self.positions!r}")
 
 
 def topk_counts(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, k: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
