@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from headway.heads import load_drafter
-from headway.heads.base import read_config_file, resolve_folder
+from headway.bench.drafters import DEMO_HEADS, ONE_PASS_KINDS, drafter_folders
 from headway.heads.target import DEFAULT_MODEL, load_target
 from headway.bench.prompts import chat_prompts
 from headway.inference.cost_curve import sync as sync_device
@@ -56,10 +56,7 @@ from headway.inference.prompt_lookup import PromptLookup
 from headway.inference.suffix_decoding import SuffixDecoding
 from headway.inference.lookahead import Lookahead
 
-FAMILIES = ("hf-lookup", "lookup", "lookahead", "medusa", "eagle", "peagle", "layerskip", "draft-model")  # plain greedy always runs: the reference
-DEMO_HEADS = str(Path("outputs", "demo", "quick", "heads"))  # make demo's Medusa heads, relative to the current folder
-DRAFTER_KINDS = {"medusa": "Medusa heads", "eagle": "an EAGLE drafter", "peagle": "a P-EAGLE drafter",
-                 "layerskip": "a LayerSkip exit head"}
+FAMILIES = ("hf-lookup", "lookup", "lookahead", "medusa", "eagle", "peagle", "dflash", "layerskip", "draft-model")  # plain greedy always runs: the reference
 
 
 def early_exit_model(target, layers: int):
@@ -120,10 +117,11 @@ def eagle_methods(target, folder: str, trees, taken=(), lookup=False) -> dict:
 
 
 def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eagle_trees=tuple(DEFAULT_EAGLE_TREES),
-            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup=False, layerskip_dirs=(), peagle_dirs=()) -> dict:
+            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup=False, one_pass=None) -> dict:
     """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator), for the chosen families;
     ``lookup``: each trained drafter also as a hybrid with prompt lookup ("... + lookup"; True) or with each
-    retrieval drafter named (("lookup", "suffix"): "... + suffix" merges suffix decoding)."""
+    retrieval drafter named (("lookup", "suffix"): "... + suffix" merges suffix decoding); ``one_pass``: {kind: folders}
+    of ``ONE_PASS_KINDS`` (P-EAGLE, DFlash, LayerSkip), each run as its own chain and with tree="auto"."""
     out = {"plain": ("hf", {})}
     if "hf-lookup" in families:
         out["hf prompt lookup (10)"] = ("hf", {"prompt_lookup_num_tokens": 10})
@@ -150,12 +148,14 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
                 out[f"medusa {tree}{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree=tree))
     for folder in eagle_dirs if "eagle" in families else ():
         out.update(eagle_methods(target, folder, eagle_trees, out, lookup))
-    for kind, folders in (("peagle", peagle_dirs), ("layerskip", layerskip_dirs)):  # their own chain, and cut per round
+    for kind, folders in (one_pass or {}).items():  # their own chain, and cut per round
         for folder in folders if kind in families else ():
             head = load_drafter(folder)
-            what = f"E={head.config.exit_layer}" if kind == "layerskip" else f"K={head.config.parallel_depths}"
+            c = head.config
+            what = {"layerskip": "E={}", "peagle": "K={}", "dflash": "B={}"}[kind].format(
+                getattr(c, {"layerskip": "exit_layer", "peagle": "parallel_depths", "dflash": "block_size"}[kind]))
             label = f"{kind} {what}" + (f" ({Path(folder).name})" if len(folders) > 1 else "")
-            for suffix, drafter in with_lookup(head, lookup if kind == "peagle" else False):
+            for suffix, drafter in with_lookup(head, lookup if kind != "layerskip" else False):
                 out[f"{label} chain{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree=None))
                 out[f"{label} auto{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree="auto"))
     if draft_layers and "draft-model" in families:
@@ -163,35 +163,6 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
             "headway", SpeculativeGenerator(target, DraftModelProposer(early_exit_model(target, draft_layers), gamma=3),
                                             tree=None))
     return out
-
-
-def check_drafter(folder_or_id: str, kind: str, flag: str) -> None:
-    """A drafter the user named must exist and be of the kind the flag takes; one-line errors."""
-    found = read_config_file(resolve_folder(folder_or_id)).get("drafter_type")
-    if found != kind:
-        other = {"medusa": "--heads", "eagle": "--eagle", "peagle": "--peagle", "layerskip": "--layerskip"}.get(found)
-        raise ValueError(f"{flag} {folder_or_id} holds a {found!r} drafter, not {DRAFTER_KINDS[kind]}"
-                         + (f"; pass it with {other}" if other else ""))
-
-
-def drafter_folders(args) -> tuple[str | None, list[str]]:
-    """(Medusa heads, EAGLE drafters) to benchmark, for the families --methods runs: those named are
-    checked before the model loads; without --heads, the quick demo's heads when make demo wrote them."""
-    heads, eagle = args.heads, args.eagle if "eagle" in args.families else []
-    if "medusa" not in args.families:
-        heads = None
-    elif heads is None and Path(DEMO_HEADS, "config.json").is_file():
-        heads = DEMO_HEADS
-    elif heads is None:
-        print(f"(no Medusa heads at {DEMO_HEADS}: run `make demo` first, or pass --heads)")
-    else:
-        check_drafter(heads, "medusa", "--heads")
-    for folder in eagle:
-        check_drafter(folder, "eagle", "--eagle")
-    for kind in ("layerskip", "peagle"):
-        for folder in getattr(args, kind) if kind in args.families else []:
-            check_drafter(folder, kind, f"--{kind}")
-    return heads, list(eagle)
 
 
 def prompt_groups(args) -> dict[str, list[list[dict]]]:
@@ -367,6 +338,8 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--eagle", action="append", default=[], help="a trained EAGLE drafter, a folder or Hub id (repeatable)")
     p.add_argument("--peagle", action="append", default=[],
                    help="a trained P-EAGLE drafter, a folder or Hub id (repeatable): its chain and tree=auto")
+    p.add_argument("--dflash", action="append", default=[],
+                   help="a trained DFlash drafter, a folder or Hub id (repeatable): its block's chain and tree=auto")
     p.add_argument("--layerskip", action="append", default=[],
                    help="a trained LayerSkip exit head, a folder or Hub id (repeatable): its chain and tree=auto")
     p.add_argument("--eagle-trees", default=",".join(DEFAULT_EAGLE_TREES),
@@ -440,7 +413,7 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     table = methods(target, heads_dir, args.draft_layers, eagle_dirs, eagle_trees,
                     [t for t in args.medusa_trees.split(",") if t], families,
                     args.lookup and [k for k in args.hybrid_retrieval.split(",") if k],
-                    args.layerskip if "layerskip" in families else (), args.peagle if "peagle" in families else ())
+                    {kind: getattr(args, kind) for kind in ONE_PASS_KINDS if kind in families})
     device = next(target.parameters()).device
     for kind, method in table.values():  # tree="auto": the cost curve is measured (once, cached) before any timing
         if kind == "headway":

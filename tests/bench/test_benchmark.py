@@ -96,8 +96,9 @@ def test_two_drafters_of_one_version_both_run(tmp_path):
     assert isinstance(table["eagle3 chain-3 + suffix"][1].drafter.drafters[1], SuffixDecoding)
 
 
-def test_layerskip_and_peagle_run_their_chains_and_auto_with_identical_outputs(tmp_path, capsys):
+def test_layerskip_peagle_and_dflash_run_their_chains_and_auto_with_identical_outputs(tmp_path, capsys):
     from headway.heads import EagleHead
+    from headway.heads.dflash import DFlashHead
     from headway.heads.layerskip import LayerSkipHead
     from headway.heads.peagle import PEagleHead
     from headway.heads.target import load_target
@@ -106,17 +107,22 @@ def test_layerskip_and_peagle_run_their_chains_and_auto_with_identical_outputs(t
     EagleHead.from_target(target, version=3).save_pretrained(tmp_path / "e")
     LayerSkipHead.from_target(target, exit_layer=1, num_draft=3).save_pretrained(tmp_path / "ls")
     PEagleHead.from_target(target, parallel_depths=3).save_pretrained(tmp_path / "pe")
-    args = ["--model", "tiny-random-llama", "--methods", "layerskip,peagle", "--layerskip", str(tmp_path / "ls"),
-            "--peagle", str(tmp_path / "pe"),
+    DFlashHead.from_target(target, block_size=4).save_pretrained(tmp_path / "df")
+    args = ["--model", "tiny-random-llama", "--methods", "layerskip,peagle,dflash", "--layerskip", str(tmp_path / "ls"),
+            "--peagle", str(tmp_path / "pe"), "--dflash", str(tmp_path / "df"),
             "--groups", "chat,copy", "--prompts", "1", "--copy-prompts", "1", "--max-new-tokens", "8",
             "--out", str(tmp_path / "out")]
     results = benchmark.main(args)
     rows = {name for per in results.values() for name in per}
-    assert {"layerskip E=1 chain", "layerskip E=1 auto", "peagle K=3 chain", "peagle K=3 auto + lookup"} <= rows
+    assert {"layerskip E=1 chain", "layerskip E=1 auto", "peagle K=3 chain", "peagle K=3 auto + lookup",
+            "dflash B=4 chain", "dflash B=4 auto + lookup"} <= rows
     assert all(s["identical"] for per in results.values() for s in per.values())
     with pytest.raises(SystemExit):  # an EAGLE folder passed as --layerskip: one line, before the model loads
-        benchmark.main(args[:4] + ["--layerskip", str(tmp_path / "e")] + args[8:])
+        benchmark.main(args[:4] + ["--layerskip", str(tmp_path / "e")] + args[10:])
     assert "holds a 'eagle' drafter, not a LayerSkip exit head; pass it with --eagle" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a P-EAGLE folder passed as --dflash
+        benchmark.main(args[:4] + ["--dflash", str(tmp_path / "pe")] + args[10:])
+    assert "holds a 'peagle' drafter, not a DFlash drafter; pass it with --peagle" in capsys.readouterr().err
 
 
 def test_pack_linears_flag_packs_the_float32_cpu_target(tmp_path, capsys):
