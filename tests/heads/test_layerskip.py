@@ -12,7 +12,7 @@ from headway.heads.target.tiny import build_tiny_target
 
 
 def test_config_defaults_and_checks():
-    assert LayerSkipConfig(num_target_layers=30).exit_layer == 15 == default_exit_layer(30)
+    assert LayerSkipConfig(num_target_layers=30).exit_layer == 27 == default_exit_layer(30)
     assert LayerSkipConfig(num_target_layers=2).exit_layer == 1
     with pytest.raises(ValueError, match="exit_layer must be in 1..29"):
         LayerSkipConfig(num_target_layers=30, exit_layer=30)
