@@ -23,42 +23,32 @@ from headway.train.common import (describe, draft_vocabulary, parse_run_args, re
                                   target_rows)
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
-from headway.train.chunked import DEFAULT_CHUNK_SIZE
-from headway.train.divergences import DEFAULT_LK_DECAY, check_kind
+from headway.train.chunked import SoftLossConfig
 from headway.train.eagle_losses import eagle1_loss, eagle3_loss
 from headway.train.loop import Method, TrainConfig, run_training
 
 
 @dataclasses.dataclass
-class EagleLossConfig:
+class EagleLossConfig(SoftLossConfig):
+    """``kind`` (ce: EAGLE's soft cross-entropy), ``positions`` ("assistant": the answers only, as EAGLE and
+    SpecForge do; "all": every real token, prompts and chat template too, valid self-distillation as the labels
+    are the target's own distribution; held-out accuracy is always over answers), ``chunk_size``, ``lk_decay``:
+    ``SoftLossConfig``'s; the rest EAGLE's own."""
+
     ttt_steps: int = 7  # EAGLE-3: unrolled training-time-test steps (7 in the paper and SpecForge)
     decay: float = 0.8  # EAGLE-3: step i is weighted decay**i
     noise: float = 0.1  # EAGLE-1: uniform noise U(-noise, noise) on the input features
     ce_weight: float = 0.1  # EAGLE-1: weight of the soft cross-entropy against the target's distribution
     reg_weight: float = 1.0  # EAGLE-1: weight of the SmoothL1 feature regression
-    chunk_size: int = DEFAULT_CHUNK_SIZE  # rows per block of the fused cross-entropy (0: unchunked, [n, V'] logits kept)
-    # Positions trained on: "assistant" (the answers only, as EAGLE and SpecForge do) or "all" (every
-    # real token, prompts and chat template too). The labels are the target's own distribution at each
-    # position, so every position is valid self-distillation; held-out accuracy is always over answers.
-    positions: str = "assistant"
-    # the distribution term: ce (EAGLE's soft cross-entropy), kl, rkl, jsd, tv, lk_alpha (-log acceptance) or
-    # lk_lambda (KL and TV mixed by acceptance): headway.train.divergences
-    kind: str = "ce"
-    lk_decay: float = DEFAULT_LK_DECAY  # lk_lambda: KL weight exp(-lk_decay * alpha)
 
     def __post_init__(self):
-        check_kind(self.kind, "kind")
-        if not self.lk_decay >= 0:
-            raise ValueError(f"lk_decay must be >= 0, got {self.lk_decay}")
-        if self.positions not in ("assistant", "all"):
-            raise ValueError(f"loss.positions must be 'assistant' or 'all', got {self.positions!r}")
+        super().__post_init__()
         if self.ttt_steps < 1:
             raise ValueError(f"loss.ttt_steps must be >= 1, got {self.ttt_steps}")
         if self.noise < 0 or self.ce_weight < 0 or self.reg_weight < 0:
             raise ValueError("loss.noise, loss.ce_weight and loss.reg_weight must be >= 0")
-        if not self.decay > 0 or self.chunk_size < 0:
-            raise ValueError(f"loss.decay must be > 0 and loss.chunk_size >= 0 (0: unchunked), "
-                             f"got {self.decay}, {self.chunk_size}")
+        if not self.decay > 0:
+            raise ValueError(f"loss.decay must be > 0, got {self.decay}")
 
 
 @dataclasses.dataclass

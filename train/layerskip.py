@@ -21,32 +21,18 @@ import torch
 
 from headway.heads.layerskip import LayerSkipConfig, LayerSkipHead, default_exit_layer
 from headway.heads.target.features import capture_features, num_layers
-from headway.train.chunked import DEFAULT_CHUNK_SIZE, linear_cross_entropy
+from headway.train.chunked import DEFAULT_CHUNK_SIZE, SoftLossConfig, linear_cross_entropy
 from headway.train.common import (describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run,
                                   target_rows)
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
-from headway.train.divergences import DEFAULT_LK_DECAY, check_kind
+from headway.train.divergences import DEFAULT_LK_DECAY
 from headway.train.loop import Method, TrainConfig, run_training
 
 
 @dataclasses.dataclass
-class LayerSkipLossConfig:
-    # the row loss against the target's distribution (headway.train.divergences): ce (soft cross-entropy),
-    # kl, rkl, jsd, tv, lk_alpha (-log acceptance), lk_lambda
-    kind: str = "ce"
-    lk_decay: float = DEFAULT_LK_DECAY
-    chunk_size: int = DEFAULT_CHUNK_SIZE  # rows per block of the fused cross-entropy (0: unchunked)
+class LayerSkipLossConfig(SoftLossConfig):
     positions: str = "all"  # "all" real tokens (the labels are the target's own) or "assistant" answers only
-
-    def __post_init__(self):
-        check_kind(self.kind, "kind")
-        if not self.lk_decay >= 0:
-            raise ValueError(f"lk_decay must be >= 0, got {self.lk_decay}")
-        if self.chunk_size < 0:
-            raise ValueError(f"loss.chunk_size must be >= 0 (0: unchunked), got {self.chunk_size}")
-        if self.positions not in ("assistant", "all"):
-            raise ValueError(f"loss.positions must be 'assistant' or 'all', got {self.positions!r}")
 
 
 @dataclasses.dataclass

@@ -24,31 +24,24 @@ import torch.nn.functional as F
 
 from headway.heads.peagle import PEagleConfig, PEagleHead
 from headway.heads.target.features import num_layers
-from headway.train.chunked import DEFAULT_CHUNK_SIZE, linear_cross_entropy
+from headway.train.chunked import DEFAULT_CHUNK_SIZE, SoftLossConfig, linear_cross_entropy
 from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
-from headway.train.divergences import DEFAULT_LK_DECAY, check_kind
+from headway.train.divergences import DEFAULT_LK_DECAY
 from headway.train.eagle import EagleMethod, EagleTrainingModule, needed_layers
 from headway.train.eagle_losses import _counts, _nothing, _shift
 from headway.train.loop import TrainConfig, run_training
 
 
 @dataclasses.dataclass
-class PEagleLossConfig:
+class PEagleLossConfig(SoftLossConfig):
     decay: float = 1.0  # depth d is weighted decay**d (1.0: uniform, as speculators and SpecForge)
-    chunk_size: int = DEFAULT_CHUNK_SIZE  # rows per block of the fused cross-entropy (0: unchunked)
-    positions: str = "assistant"  # "assistant" answers, or "all" real tokens (the labels are the target's own)
-    kind: str = "ce"  # the row loss against the target's distribution (headway.train.divergences; speculators: kl)
-    lk_decay: float = DEFAULT_LK_DECAY
 
     def __post_init__(self):
-        check_kind(self.kind, "kind")
-        if not self.decay > 0 or self.chunk_size < 0 or not self.lk_decay >= 0:
-            raise ValueError(f"loss.decay must be > 0, loss.chunk_size >= 0 and loss.lk_decay >= 0, got {self.decay}, "
-                             f"{self.chunk_size}, {self.lk_decay}")
-        if self.positions not in ("assistant", "all"):
-            raise ValueError(f"loss.positions must be 'assistant' or 'all', got {self.positions!r}")
+        super().__post_init__()
+        if not self.decay > 0:
+            raise ValueError(f"loss.decay must be > 0, got {self.decay}")
 
 
 @dataclasses.dataclass
