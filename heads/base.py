@@ -203,6 +203,42 @@ class DraftVocabulary:
         """[V, H] -> [V', H]: the rows of a target-vocabulary matrix (e.g. its lm_head) in the draft vocabulary."""
         return weight if self.d2t is None else weight[self.draft_token_ids.to(weight.device)]
 
+    def widen(self, q: torch.Tensor) -> torch.Tensor:
+        """A distribution over the draft vocabulary [..., V'] -> over the target's [..., V] (zero outside it)."""
+        if self.d2t is None:
+            return q
+        full = q.new_zeros(*q.shape[:-1], self.config.vocab_size)
+        full[..., self.draft_token_ids.to(q.device)] = q
+        return full
+
+    def set_draft_vocab(self, draft_tokens) -> None:
+        """Fill ``d2t`` (and EAGLE-3's ``t2d`` mask, when the drafter has one) from the target ids of the draft
+        vocabulary: ``draft_vocab_size`` distinct ids of the target's vocabulary, in any order."""
+        n = self.config.draft_vocab_size
+        if draft_tokens is None or len(draft_tokens) != n:
+            raise ValueError(f"draft_vocab_size={n} needs as many draft token ids, "
+                             f"got {None if draft_tokens is None else len(draft_tokens)}")
+        ids = torch.as_tensor(draft_tokens, dtype=torch.long).sort().values.to(self.d2t.device)
+        if len(set(ids.tolist())) != n or int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"draft token ids must be {n} distinct ids in [0, {self.config.vocab_size})")
+        self.d2t.copy_(ids - torch.arange(n, device=ids.device))
+        t2d = getattr(self, "t2d", None)
+        if t2d is not None:
+            t2d.zero_()
+            t2d[ids] = True
+
+    def check_draft_vocab(self) -> None:
+        """d2t must map every draft index to a distinct target id (that ``t2d`` marks, when there is one)."""
+        if self.d2t is None:
+            return
+        ids, v = self.draft_token_ids, self.config.vocab_size
+        t2d = getattr(self, "t2d", None)
+        if int(ids.min()) < 0 or int(ids.max()) >= v or len(torch.unique(ids)) != len(ids) or \
+                (t2d is not None and (int(t2d.sum()) != len(ids) or not bool(t2d[ids].all()))):
+            raise ValueError(f"d2t{'/t2d' if t2d is not None else ''} are inconsistent with draft_vocab_size {len(ids)} "
+                             f"and vocab_size {v} (draft ids must map to distinct target ids"
+                             f"{' that t2d marks' if t2d is not None else ''}); re-export the drafter")
+
 
 class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tags=["speculative-decoding"]):
     """Base class: subclasses set ``config_class`` and take ``config`` as their only init argument."""

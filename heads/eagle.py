@@ -232,19 +232,6 @@ class EagleHead(Fp32Rope, DraftVocabulary, Drafter):
         head.init_from_target(target_model)
         return head
 
-    def set_draft_vocab(self, draft_tokens) -> None:
-        """Fill d2t/t2d from the target ids of the draft vocabulary."""
-        n = self.config.draft_vocab_size
-        if draft_tokens is None or len(draft_tokens) != n:
-            raise ValueError(f"draft_vocab_size={n} needs as many draft token ids, "
-                             f"got {None if draft_tokens is None else len(draft_tokens)}")
-        ids = torch.as_tensor(draft_tokens, dtype=torch.long).sort().values.to(self.d2t.device)
-        if len(set(ids.tolist())) != n or int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
-            raise ValueError(f"draft token ids must be {n} distinct ids in [0, {self.config.vocab_size})")
-        self.d2t.copy_(ids - torch.arange(n, device=ids.device))
-        self.t2d.zero_()
-        self.t2d[ids] = True
-
     def init_from_target(self, target_model) -> None:
         """Bind the target's embedding (and lm_head), copy what is stored from it."""
         self.bind_target(target_model)
@@ -268,17 +255,6 @@ class EagleHead(Fp32Rope, DraftVocabulary, Drafter):
 
     def validate(self) -> None:
         self.check_draft_vocab()
-
-    def check_draft_vocab(self) -> None:
-        """d2t must map every draft index to a distinct target id that t2d marks."""
-        if self.d2t is None:
-            return
-        ids = self.draft_token_ids
-        v = self.config.vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= v or len(torch.unique(ids)) != len(ids) or \
-                int(self.t2d.sum()) != len(ids) or not bool(self.t2d[ids].all()):
-            raise ValueError(f"d2t/t2d are inconsistent with draft_vocab_size {len(ids)} and vocab_size {v} "
-                             "(draft ids must map to distinct target ids that t2d marks); re-export the drafter")
 
     def bind_target(self, target_model) -> "EagleHead":
         """Check shapes against the target and bind its frozen embedding (and EAGLE-1's lm_head)."""

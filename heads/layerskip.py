@@ -112,13 +112,7 @@ class LayerSkipHead(DraftVocabulary, Drafter):
                           draft_vocab_size=config.draft_vocab_size)
         head = cls(LayerSkipConfig(**{**fields, **overrides}))
         if head.d2t is not None:
-            n = head.config.draft_vocab_size
-            if draft_tokens is None or len(draft_tokens) != n:
-                raise ValueError(f"draft_vocab_size={n} needs as many draft token ids, "
-                                 f"got {None if draft_tokens is None else len(draft_tokens)}")
-            ids = torch.as_tensor(draft_tokens, dtype=torch.long).sort().values
-            head.d2t.copy_(ids - torch.arange(n))
-            head.validate()
+            head.set_draft_vocab(draft_tokens)
         device = target_model.get_output_embeddings().weight.device
         head.to(device)
         with torch.no_grad():
@@ -127,12 +121,7 @@ class LayerSkipHead(DraftVocabulary, Drafter):
         return head
 
     def validate(self) -> None:
-        if self.d2t is None:
-            return
-        ids, v = self.draft_token_ids, self.config.vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= v or len(torch.unique(ids)) != len(ids):
-            raise ValueError(f"d2t does not map draft_vocab_size {len(ids)} indices to distinct ids of a vocabulary "
-                             f"of {v}; re-export the drafter")
+        self.check_draft_vocab()
 
     def check_target(self, target_model) -> None:
         check_target_compatible(self.config, target_model.config)

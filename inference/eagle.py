@@ -51,7 +51,6 @@ class EagleProposer(Proposer):
         self._cache = DraftCache()
         self._seen = 0  # context entries in the draft cache (positions 0 .. seen-1)
         self._device = torch.device("cpu")
-        self._widen_ids = None
 
     def bind(self, target_model) -> None:
         self.head.bind_target(target_model)  # ValueError naming both values on a mismatch
@@ -64,8 +63,6 @@ class EagleProposer(Proposer):
             self.head.to(p.device, p.dtype)
             for name, buf in rope.items():
                 self.head.rotary_emb._buffers[name] = buf.to(p.device)  # the bound target tensors need no re-bind
-        self._widen_ids = self.head.draft_token_ids
-        self._vocab = self.head.config.vocab_size
 
     def default_tree(self):
         return GPU_DYNAMIC if self._device.type == "cuda" else CPU_DYNAMIC
@@ -86,11 +83,7 @@ class EagleProposer(Proposer):
 
     def _widen(self, q: torch.Tensor) -> torch.Tensor:
         # [V'] draft-vocabulary distribution -> [V] over target ids
-        if self._widen_ids is None:
-            return q
-        full = q.new_zeros(self._vocab)
-        full[self._widen_ids] = q
-        return full
+        return self.head.widen(q)
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:

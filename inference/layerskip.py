@@ -101,7 +101,7 @@ class LayerSkipProposer(Proposer):
                 q = probs(logits, ctx.sampling)  # [V'] the distribution the next token is drawn from
                 choice = torch.multinomial(q, 1, generator=ctx.generator)
                 chosen = q[choice]
-                qs.append(self._widen(q))
+                qs.append(head.widen(q))
             scores.append(chosen)
             stop = self.min_prob > 0 and float(chosen) < self.min_prob  # one read a step (a CPU's is free)
             token = head.to_target_ids(choice)  # [1]
@@ -112,10 +112,3 @@ class LayerSkipProposer(Proposer):
         score = torch.cat([scores[0].new_ones(1), torch.cat(scores).cumprod(0)])  # [n]
         return Draft(chain(len(tokens) - 1), draft_tokens, q=q, scores=score, states=torch.cat(states))
 
-    def _widen(self, q: torch.Tensor) -> torch.Tensor:
-        """q over the draft vocabulary [V'] -> over the target's [V] (zero outside it)."""
-        if self.head.d2t is None:
-            return q
-        full = q.new_zeros(self.head.config.vocab_size)
-        full[self.head.draft_token_ids] = q
-        return full
