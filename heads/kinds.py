@@ -101,5 +101,6 @@ DFLASH = register_kind(DrafterKind(
     proposer="headway.inference.dflash:DFlashProposer",
     training={"dflash": TrainingMethod("headway.train.dflash", "a DFlash block drafter (B - 1 tokens from one pass "
                                        "over the target's features)", "dflash/tiny")},
+    exports=("speculators", "z-lab"), imports=("speculators", "z-lab"),
     info_fields=("feature_layers", "num_target_layers", "num_layers", "block_size", "mask_token_id"),
     describe=_describe_dflash))

@@ -2,9 +2,12 @@
 
 The converter registry: one ``Converter`` per family of layouts (headway's own, ``"headway"``:
 ``save_pretrained`` / ``load_drafter``; the Medusa layouts of :mod:`headway.heads.formats.medusa`,
-``"medusa-v0.1"``, ``"medusa-v2"``, ``"vllm-medusa"``; the EAGLE layouts of
+``"medusa-v0.1"``, ``"medusa-v2"``, ``"vllm-medusa"``; z-lab's DFlash layout of
+:mod:`headway.heads.formats.dflash`, ``"z-lab"``; the EAGLE layouts of
 :mod:`headway.heads.formats.eagle`, ``"eagle"``, ``"sglang"``, ``"speculators"``), each saying how
-to recognise, read and write its layouts. ``formats()`` (and ``FORMATS``, headway's built-in ones)
+to recognise, read and write its layouts. ``"speculators"`` also holds DFlash drafters
+(``speculators_model_type: "dflash"``): the EAGLE family's entry sends those folders, and DFlash
+heads, to :mod:`headway.heads.formats.dflash`. ``formats()`` (and ``FORMATS``, headway's built-in ones)
 names them; ``load_any`` reads any of them into a headway drafter, ``export_any`` writes a drafter
 in any layout its kind exports (``headway.heads.registry``), and ``convert`` does both. A family
 defined elsewhere joins with ``register_converter``.
@@ -12,7 +15,7 @@ defined elsewhere joins with ``register_converter``.
 The ``target`` keyword (a loaded causal LM, or a model name or folder that is then loaded on the CPU)
 supplies what a layout leaves to the target: the lm_head that ``share_lm_head`` Medusa heads use
 (copied into ``medusa-v0.1``/``vllm-medusa``, compared against for ``medusa-v2``), the vocabulary size
-of ``medusa-v2`` heads, the depth of EAGLE targets; and a drafter read with a target is checked against it.
+of ``medusa-v2`` heads, the depth of EAGLE and DFlash targets; and a drafter read with a target is checked against it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Callable
 import torch
 
 from headway.heads.base import CONFIG_NAME, Drafter, load_drafter, read_json
-from headway.heads.formats import eagle, medusa
+from headway.heads.dflash import DFlashHead
+from headway.heads.formats import dflash, eagle, medusa
 from headway.heads.formats.folder import write_folder
 from headway.heads.registry import kind_of, kinds
 
@@ -221,8 +225,30 @@ def _target_model(target):
                          "model folder, a Hub model id or 'smollm2-135m'") from None
 
 
+# --- the "speculators" layout holds EAGLE-3, P-EAGLE and DFlash drafters ---------------------------
+
+def _detect_eagle(folder: Path, config) -> str | None:
+    """The EAGLE family's layouts, and speculators' ``dflash`` folders as "speculators"."""
+    return "speculators" if dflash.is_speculators_dflash(config) else eagle.detect_layout(folder, config)
+
+
+def _read_eagle(path, fmt: str, model, **options) -> Drafter:
+    """A "speculators" folder of a ``dflash`` model is DFlash's reader's; everything else EAGLE's."""
+    reader = dflash.read_layout if fmt == "speculators" and dflash.holds_speculators_dflash(path) else eagle.read_layout
+    return reader(path, fmt, model, **options)
+
+
+def _write_eagle(drafter: Drafter, out, fmt: str, model, **options) -> Path:
+    """A DFlash head (written as "speculators": its kind exports no other EAGLE layout) goes to DFlash's writer."""
+    writer = dflash.write_layout if isinstance(drafter, DFlashHead) else eagle.write_layout
+    return writer(drafter, out, fmt, model, **options)
+
+
 register_converter(Converter("headway", {"headway": "headway's own format"}, _detect_headway, _read_headway,
                              _save_headway))
 register_converter(Converter("medusa", medusa.LAYOUTS, medusa.detect_medusa_format, medusa.read_layout, medusa.write_layout))
-register_converter(Converter("eagle", eagle.LAYOUTS, eagle.detect_layout, eagle.read_layout, eagle.write_layout))
+# z-lab's DFlash before EAGLE: EAGLE's detection would take its fc + layers.0.* tensors for an EAGLE-1 drafter
+register_converter(Converter("dflash", dflash.LAYOUTS, dflash.detect_layout, dflash.read_layout,
+                             dflash.write_layout))
+register_converter(Converter("eagle", eagle.LAYOUTS, _detect_eagle, _read_eagle, _write_eagle))
 FORMATS = formats()  # headway's built-in layouts

@@ -46,16 +46,22 @@ def speculators_config(cfg: EagleConfig, dtype, layer_ids: list[int], verifier: 
         "eagle_aux_hidden_state_layer_ids": layer_ids,
         **{norm: False for norm in _EXTRA_NORMS},
         **({name: True for name in EAGLE31_NORMS} if normalize_features else {}),
-        "speculators_config": {
-            "algorithm": algorithm,
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "verifier": {"name_or_path": verifier,
-                         "architectures": list((local_model_config(verifier) or {}).get("architectures") or [])},
-        },
+        "speculators_config": speculators_block(algorithm, speculative_tokens, verifier),
         "torch_dtype": dtype_name(dtype),
         "headway": meta,
+    }
+
+
+def speculators_block(algorithm: str, speculative_tokens: int, verifier: str | None) -> dict:
+    """The ``speculators_config`` object: the greedy proposal of ``speculative_tokens`` and the verifier (a local
+    folder's ``architectures`` are copied); the DFlash export (``headway.heads.formats.dflash``) shares it."""
+    return {
+        "algorithm": algorithm,
+        "default_proposal_method": "greedy",
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
+                              "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+        "verifier": {"name_or_path": verifier,
+                     "architectures": list((local_model_config(verifier) or {}).get("architectures") or [])},
     }
 
 
@@ -65,8 +71,9 @@ def is_speculators(config: dict) -> bool:
 
 def check_model_type(path: Path, config: dict) -> None:
     if config["speculators_model_type"] not in ("eagle3", "peagle"):
-        raise ValueError(f"{path} is a speculators {config['speculators_model_type']!r} model; headway imports "
-                         "speculators 'eagle3' and 'peagle' drafters only")
+        raise ValueError(f"{path} is a speculators {config['speculators_model_type']!r} model; headway's EAGLE "
+                         "importer reads speculators 'eagle3' and 'peagle' drafters only (read a 'dflash' one with "
+                         "load_any or headway.heads.formats.dflash.import_dflash)")
 
 
 def is_peagle(cfg) -> bool:

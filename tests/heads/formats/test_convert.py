@@ -33,7 +33,8 @@ def test_unknown_formats(tiny_llama, tmp_path):
         one_line(err)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['speculative_token'\]"):
         convert(src, tmp_path / "o", "vllm-medusa", speculative_token=3)
-    assert FORMATS == ("headway", "medusa-v0.1", "medusa-v2", "vllm-medusa", "eagle", "sglang", "speculators")
+    assert FORMATS == ("headway", "medusa-v0.1", "medusa-v2", "vllm-medusa", "z-lab", "eagle", "sglang",
+                       "speculators")
 
 
 def test_drafter_kind_the_format_cannot_hold(tiny_llama, tmp_path):
@@ -133,7 +134,7 @@ def test_the_0_1_import_path_still_works():
 def test_formats_follow_the_registered_converters(monkeypatch):
     monkeypatch.setattr(convert_module, "_CONVERTERS", convert_module.converters())  # restored after the test
     assert convert_module.formats() == FORMATS
-    assert [c.name for c in convert_module.converters()] == ["headway", "medusa", "eagle"]
+    assert [c.name for c in convert_module.converters()] == ["headway", "medusa", "dflash", "eagle"]
     toy = convert_module.Converter("toy", {"toy-v1": "a toy layout"}, lambda folder, config: None, None, None)
     assert convert_module.register_converter(toy) is toy
     assert convert_module.formats() == (*FORMATS, "toy-v1")
