@@ -16,6 +16,7 @@ from headway.heads.target.features import capture_features
 from headway.heads.target.tiny import build_tiny_target
 from headway.inference import SpeculativeGenerator
 from headway.train.dflash import block_mask, block_outputs, dflash_loss, main, pick_anchors
+from tests.train.train_utils import two_process_cpu_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "dflash" / "tiny.yaml"
@@ -127,6 +128,19 @@ def test_tiny_config_trains_exports_loads_and_generates_the_targets_output(tmp_p
     prompt = tok("hello there, how are you", return_tensors="pt").input_ids
     ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=16)
     assert torch.equal(SpeculativeGenerator(target, head, tree=None).generate(prompt, max_new_tokens=16).sequences, ref)
+
+
+@pytest.mark.slow  # launches two training processes
+@pytest.mark.multiprocess
+def test_two_process_cpu_ddp_stays_in_sync(tmp_path):
+    """Each rank draws its own anchors; the gradients are averaged, so the ranks' drafters stay equal (the helper
+    compares their fingerprints) and it trains."""
+    out = tmp_path / "ddp"
+    res, _ = two_process_cpu_run(ROOT / "train" / "dflash.py", TINY, out, "train.max_steps=10", "train.save_every=0")
+    assert "2 process(es) on cpu" in res.stdout
+    evals = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval/step0/loss" in m]
+    assert evals[-1]["step"] == 10 and evals[-1]["eval/step0/loss"] < evals[0]["eval/step0/loss"], evals
+    assert isinstance(load_drafter(out), DFlashHead)
 
 
 @pytest.mark.parametrize("override, message", [
