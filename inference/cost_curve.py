@@ -3,8 +3,11 @@ one-token decoding step, for chains (causal attention) and trees (a 4D mask), pe
 
 Speculation pays when the expected new tokens of a round beat (t(k) + t_draft) / t(1); ``tree="auto"``
 reads this curve every round. It is measured once per target, device, dtype, thread count and
-packing (``fingerprint``), cached as JSON under the headway cache, and measured again on request or
-when a cached file's fingerprint differs (never used then).
+packing (``fingerprint``), cached as JSON under the headway cache, and measured again on request, when
+a cached file's fingerprint differs (never used then), or when it was measured on a busier machine than
+today's: load slows a one-token step more than a wide pass, so such a curve makes wide passes look cheap
+(measured: t(2)/t(1) 1.03 under load against 1.26 on the quiet machine). Each load times a few one-token
+steps to tell (``STALE_RATIO``); a curve measured on a quieter machine than today's is kept.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ KS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # verification widths timed (wider ones
 PREFIXES = (128, 512, 1536)  # one band each: a prompt of up to ~300, ~1,000, or more tokens
 FORMAT = 2  # 2: medians of interleaved passes, t(1) a one-token step (1: t(1) was a two-token chain)
 REPS = 7  # timed passes per width and shape; the median is kept
+RECHECK_REPS = 5  # one-token steps a load times to compare with the cached curve's t(1)
+STALE_RATIO = 1.25  # a cached t(1) this many times today's: measured on a busier machine, so measured again
+_CHECKED: set[str] = set()  # cache files checked (or measured) by this process: checked once a process
 
 
 def sync(device: torch.device) -> None:
@@ -209,10 +215,11 @@ def cache_path(target, folder: Path | None = None) -> Path:
     return (folder or headway_cache_dir() / "cost_curves") / f"{key}.json"
 
 
-def load_cost_curve(target, refresh: bool = False, path: Path | None = None) -> CostCurve:
+def load_cost_curve(target, refresh: bool = False, path: Path | None = None, recheck: bool = True) -> CostCurve:
     """The target's cost curve from the headway cache (or ``path``), measured and saved when absent,
-    when ``refresh``, or when the saved one was measured for another target, device, dtype, thread
-    count or packing (a warning says so; such a curve is never used)."""
+    when ``refresh``, when the saved one was measured for another target, device, dtype, thread
+    count or packing (a warning says so; such a curve is never used), or, with ``recheck``, when its
+    one-token step took ``STALE_RATIO`` times today's or more (``quiet_machine_check``, once a process per file)."""
     from headway.heads.files import atomic_write_text
 
     path = Path(path) if path is not None else cache_path(target)
@@ -221,15 +228,40 @@ def load_cost_curve(target, refresh: bool = False, path: Path | None = None) -> 
         try:
             data = json.loads(path.read_text())
             if data.get("fingerprint") == want:
-                return CostCurve(**data)
-            warnings.warn(f"the cost curve in {path} was measured for another setup "
-                          f"({_differs(data.get('fingerprint') or {}, want)}); measuring this one", stacklevel=2)
+                curve = CostCurve(**data)
+                stale = quiet_machine_check(target, curve) if recheck and str(path) not in _CHECKED else None
+                if stale is None:
+                    if recheck:
+                        _CHECKED.add(str(path))
+                    return curve
+                warnings.warn(f"the cost curve in {path} was measured on a busier machine ({stale}); measuring it "
+                              "again", stacklevel=2)
+            else:
+                warnings.warn(f"the cost curve in {path} was measured for another setup "
+                              f"({_differs(data.get('fingerprint') or {}, want)}); measuring this one", stacklevel=2)
         except (json.JSONDecodeError, TypeError):
             warnings.warn(f"the cost curve in {path} is unreadable; measuring it again", stacklevel=2)
     logger.info("measuring the verification cost curve of %s (once; cached in %s)", want["model"], path)
     curve = measure(target)
     atomic_write_text(path, json.dumps(dataclasses.asdict(curve), indent=1))
+    _CHECKED.add(str(path))
     return curve
+
+
+@torch.no_grad()
+def quiet_machine_check(target, curve: CostCurve, reps: int = RECHECK_REPS) -> str | None:
+    """Time ``reps`` one-token steps after the curve's first prefix band; None when the curve's own t(1) there is
+    below ``STALE_RATIO`` times today's (the curve stands: a busier machine today is the online correction's
+    business), else what was found, in words."""
+    device = next(target.parameters()).device
+    p = curve.prefixes[0]
+    ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, p),
+                        generator=torch.Generator().manual_seed(0)).to(device)
+    now = seconds_per_pass([target], chain(0), ids, reps)[0]
+    if not now > 0 or curve.t1[0] < STALE_RATIO * now:
+        return None
+    return (f"a one-token step after {p} tokens took {curve.t1[0] * 1e3:.1f} ms then, {now * 1e3:.1f} ms now: "
+            "load inflates t(1) more than wide passes, so that curve makes wide passes look cheap")
 
 
 def _differs(old: dict, new: dict) -> str:

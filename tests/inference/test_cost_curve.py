@@ -26,7 +26,7 @@ def test_the_cost_curve_is_measured_once_and_never_taken_from_another_setup(targ
     assert path.is_file() and measured.ks[0] == 1 and measured.rel(1, 50) == pytest.approx(1.0)
     assert all(len(row) == len(measured.ks) for row in measured.chain + measured.tree)
     monkeypatch.setattr(cc, "measure", lambda t: (_ for _ in ()).throw(AssertionError("measured again")))
-    assert cc.load_cost_curve(target, path=path) == measured  # from the file
+    assert cc.load_cost_curve(target, path=path, recheck=False) == measured  # from the file
     data = json.loads(path.read_text())
     data["fingerprint"]["dtype"] = "torch.bfloat16"
     path.write_text(json.dumps(data))
@@ -127,6 +127,29 @@ def test_an_unreadable_or_refreshed_curve_is_measured_again(target, tmp_path, mo
         assert cc.load_cost_curve(target, path=path) == made
     assert calls == [target] and cc.CostCurve(**json.loads(path.read_text())) == made  # saved
     assert cc.load_cost_curve(target, path=path, refresh=True) == made and len(calls) == 2
+
+
+def test_a_curve_measured_on_a_busier_machine_is_measured_again(target, tmp_path, monkeypatch):
+    """Each load times a few one-token steps: a cached t(1) at least STALE_RATIO times today's was measured under
+    load (its wide passes look cheap) and is measured again; one measured on a quieter machine than today's stays
+    (today's load is the online correction's business)."""
+    path = tmp_path / "curve.json"
+    measured = cc.load_cost_curve(target, path=path, recheck=False)
+    today = cc.seconds_per_pass([target], cc.chain(0), torch.zeros(1, measured.prefixes[0], dtype=torch.long), 5)[0]
+    fresh = made_up_curve(0.3)
+    monkeypatch.setattr(cc, "measure", lambda t: fresh)
+    data = json.loads(path.read_text())
+    data["t1"] = [today / 10] * len(data["t1"])  # measured on a machine ten times quieter: kept
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(cc, "_CHECKED", set())
+    assert cc.load_cost_curve(target, path=path).t1 == data["t1"]
+    data["t1"] = [today * 20] * len(data["t1"])  # twenty times busier: a process already checked it keeps it,
+    path.write_text(json.dumps(data))
+    assert cc.load_cost_curve(target, path=path).t1 == data["t1"]
+    monkeypatch.setattr(cc, "_CHECKED", set())  # a new process measures it again, and saves it
+    with pytest.warns(UserWarning, match=r"measured on a busier machine \(a one-token step after \d+ tokens took"):
+        assert cc.load_cost_curve(target, path=path) == fresh
+    assert cc.CostCurve(**json.loads(path.read_text())) == fresh
 
 
 def test_differs_names_the_first_three_changed_keys():
