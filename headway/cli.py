@@ -32,6 +32,7 @@ examples:
   headway generate --model smollm2-135m --drafter outputs/medusa --prompt "Tell me about cats."
   headway generate --model ./my-llama --prompt-lookup --chat-file chat.json --max-new-tokens 256
   headway generate --model ./my-llama --draft-model ./my-small-llama --tree chain-4 --prompt "Hi"
+  headway generate --drafter outputs/eagle3 --prompt "Tell me about cats." --prompt "And dogs?"   (one batch)
 
 The text streams to stdout; tau (new tokens per target pass), the token count and tokens/s go to
 stderr. With --temperature 0 (the default) the text is exactly the target's own greedy output.
@@ -119,11 +120,11 @@ def add_train(sub) -> None:
 # --- generate ----------------------------------------------------------------------------------
 
 
-def read_messages(args) -> list[dict]:
-    """--prompt TEXT, or --chat-file: a JSON list of {role, content} messages (or {"messages": [...]}),
-    any other file being one user message."""
+def read_conversations(args) -> list[list[dict]]:
+    """Each --prompt TEXT (one user message; several: one batch), or --chat-file: a JSON list of {role, content}
+    messages (or {"messages": [...]}), any other file being one user message."""
     if args.prompt is not None:
-        return [{"role": "user", "content": args.prompt}]
+        return [[{"role": "user", "content": text}] for text in args.prompt]
     path = Path(args.chat_file)
     if not path.is_file():
         raise FileNotFoundError(f"chat file {path} does not exist")
@@ -131,15 +132,27 @@ def read_messages(args) -> list[dict]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        return [{"role": "user", "content": text}]
+        return [[{"role": "user", "content": text}]]
     if not isinstance(data, (list, dict)):
-        return [{"role": "user", "content": text}]
+        return [[{"role": "user", "content": text}]]
     from headway.train.records import normalize_record
 
     messages = normalize_record(data if isinstance(data, dict) else {"messages": data})
     if not messages:
         raise ValueError(f"chat file {path} holds no messages")
-    return messages
+    return [messages]
+
+
+def left_padded(rows: list, pad_id: int):
+    """Token id rows [T_i] -> (ids [B, T], attention_mask [B, T]) padded on the left, as generate takes a batch."""
+    import torch
+
+    width = max(r.shape[0] for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - r.shape[0]:], mask[i, width - r.shape[0]:] = r, 1
+    return ids, mask
 
 
 def prompt_ids(tokenizer, messages: list[dict], chat_template: bool):
@@ -189,6 +202,13 @@ def build_drafter(args, target_tokenizer, device):
     return [model, PromptLookup()] if args.lookup else model
 
 
+def count_new(row, prompt_len: int, eos, pad) -> int:
+    """New tokens of one generated row [T]: up to and with its first EOS (padding after it is not generated)."""
+    stops = set(eos if isinstance(eos, list) else [eos]) - {None}
+    new = row[prompt_len:].tolist()
+    return next((i + 1 for i, t in enumerate(new) if t in stops), len(new))
+
+
 def sampling_of(args) -> dict:
     return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
@@ -209,24 +229,31 @@ def run_generate(args) -> int:
         from headway.heads.base import read_config_file, resolve_folder
 
         read_config_file(resolve_folder(args.drafter))  # a missing folder, or one holding no headway drafter
-    messages = read_messages(args)
+    conversations = read_conversations(args)
     target, tokenizer = load_target(*[args.model] * bool(args.model), device=device)
     device = next(target.parameters()).device
     drafter = build_drafter(args, tokenizer, device)
-    ids = prompt_ids(tokenizer, messages, not args.no_chat_template).to(device)
-    check_generation(target.config, ids, args.max_new_tokens, **sampling_of(args))  # e.g. a prompt over the context
-    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     eos = target.generation_config.eos_token_id
     eos = tokenizer.eos_token_id if eos is None else eos
+    pad = target.generation_config.pad_token_id
+    pad = pad if pad is not None else tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
+        (eos[0] if isinstance(eos, list) else eos)
+    rows = [prompt_ids(tokenizer, m, not args.no_chat_template)[0] for m in conversations]
+    for row in rows:  # e.g. a prompt over the context
+        check_generation(target.config, row, args.max_new_tokens, **sampling_of(args))
+    ids, mask = (t.to(device) for t in left_padded(rows, pad))
+    batch = ids.shape[0] > 1  # several prompts: one batch, each answer printed when all are done (no streaming)
+    streamer = None if batch else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     sampling = sampling_of(args)
     if drafter is None:  # plain decoding: the target's own generate
         if args.seed is not None:
             torch.manual_seed(args.seed)
         kwargs = dict(do_sample=True, **sampling) if args.temperature > 0 else dict(do_sample=False)
         start = time.perf_counter()
-        seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
-                              eos_token_id=eos, streamer=streamer, **kwargs)
-        new, passes, seconds = seq.shape[1] - ids.shape[1], seq.shape[1] - ids.shape[1], time.perf_counter() - start
+        seq = target.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
+                              pad_token_id=pad, streamer=streamer, **kwargs)
+        new = int(sum(count_new(row, ids.shape[1], eos, pad) for row in seq))
+        passes, seconds = seq.shape[1] - ids.shape[1], time.perf_counter() - start
     else:
         from headway.inference import SpeculativeGenerator, pack_linears
 
@@ -235,12 +262,18 @@ def run_generate(args) -> int:
         generator = torch.Generator(device).manual_seed(args.seed) if args.seed is not None else None
         tree = "auto" if args.tree is None else None if args.tree == "default" else parse_tree(args.tree)
         gen = SpeculativeGenerator(target, drafter, tree=tree).prepare()  # auto: its cost curve
-        out = gen.generate(ids, max_new_tokens=args.max_new_tokens, generator=generator, eos_token_id=eos,
-                           streamer=streamer, **sampling)
+        out = gen.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, generator=generator,
+                           eos_token_id=eos, streamer=streamer, **sampling)
+        seq = out.sequences
         new, passes, seconds = out.stats.new_tokens, out.stats.target_forward_passes, out.stats.time_total
+    if batch:
+        for i, row in enumerate(seq):
+            print(f"--- {i + 1}: {args.prompt[i]}")
+            print(tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True))
     tau = new / passes if passes else 0.0
-    print(f"tau {tau:.2f} ({new} new tokens in {passes} target passes), {new / max(seconds, 1e-9):.1f} tokens/s "
-          f"({seconds:.2f} s)", file=sys.stderr)
+    rows = f" over {ids.shape[0]} rows" if batch else ""
+    print(f"tau {tau / ids.shape[0]:.2f} ({new} new tokens{rows} in {passes} target passes), "
+          f"{new / max(seconds, 1e-9):.1f} tokens/s ({seconds:.2f} s)", file=sys.stderr)
     return 0
 
 
@@ -250,7 +283,8 @@ def add_generate(sub) -> None:
                        formatter_class=Formatter, epilog=GENERATE_EPILOG)
     p.add_argument("--model", help="target: Hub id, local folder or smollm2-135m (default: smollm2-135m)")
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--drafter", metavar="FOLDER_OR_HUB_ID", help="a headway drafter (Medusa or EAGLE)")
+    how.add_argument("--drafter", metavar="FOLDER_OR_HUB_ID", help="a headway drafter (any kind: Medusa, EAGLE, "
+                                                                        "P-EAGLE, DFlash, LayerSkip)")
     how.add_argument("--prompt-lookup", action="store_true", help="draft by copying n-grams from the context")
     how.add_argument("--lookahead", action="store_true",
                      help="lookahead decoding: the target drafts for itself (a Jacobi window and an n-gram pool)")
@@ -264,7 +298,8 @@ def add_generate(sub) -> None:
                                   "tree YAML file, a list of top-k paths like '[[0],[0,0],[1]]', or EAGLE-2 settings "
                                   "like '{depth: 5, top_k: 8, total_tokens: 60}'")
     text = p.add_mutually_exclusive_group(required=True)
-    text.add_argument("--prompt", help="one user message")
+    text.add_argument("--prompt", action="append", help="a user message; repeat it for several prompts, generated as "
+                                                        "one batch (left padded) and printed when all are done")
     text.add_argument("--chat-file", metavar="FILE",
                       help="a JSON list of {role, content} messages, or a text file (one user message)")
     p.add_argument("--no-chat-template", action="store_true", help="feed the text as is, without the chat template")

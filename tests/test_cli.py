@@ -53,12 +53,12 @@ def assert_one_line_error(res, *fragments):
         assert fragment in lines[0], lines[0]
 
 
-def greedy_text(folder: Path, max_new_tokens: int = NEW_TOKENS) -> str:
-    """The target's own greedy continuation of the chat-templated PROMPT, decoded."""
+def greedy_text(folder: Path, max_new_tokens: int = NEW_TOKENS, prompt: str = PROMPT) -> str:
+    """The target's own greedy continuation of the chat-templated ``prompt``, decoded."""
     from headway.heads.target import load_target
 
     model, tok = load_target(str(folder), device="cpu")
-    text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
     ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
     return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
@@ -240,6 +240,23 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
     capsys.readouterr()
     assert main(["generate", "--model", str(tiny_target), "--chat-file", str(chat)]) == 2
     assert capsys.readouterr().err.startswith("error: unknown role 'wizard'")
+
+
+def test_generate_several_prompts_as_one_batch(tiny_target, capsys):
+    """Repeated --prompt: one left-padded batch, each answer the target's own greedy answer to that prompt alone,
+    plain and speculative."""
+    from headway.cli import main
+
+    prompts = [PROMPT, "the food", "i like the weather and the weather likes me ? yes"]
+    expected = "".join(f"--- {i + 1}: {p}\n{greedy_text(tiny_target, 12, p)}\n" for i, p in enumerate(prompts))
+    flags = [arg for p in prompts for arg in ("--prompt", p)]
+    for how in ([], ["--prompt-lookup", "--tree", "default"], ["--draft-model", str(tiny_target)]):
+        capsys.readouterr()
+        assert main(["generate", "--model", str(tiny_target), *flags, *how, "--max-new-tokens", "12",
+                     "--device", "cpu"]) == 0
+        captured = capsys.readouterr()
+        assert captured.out == expected, how
+        assert " over 3 rows in " in stats_line(captured.err), captured.err
 
 
 def test_readme_commands_parse_as_typed():
