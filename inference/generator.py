@@ -33,8 +33,8 @@ from headway.inference.tree import Tree, node_path
 from headway.inference.target_forward import check_attention, prefill, resume_forward, tree_forward
 from headway.inference.batch import cut_round
 from headway.inference.inputs import check_generation, check_prompt, check_settings, context_length
-from headway.inference.verify import (LazyProbs, SamplingParams, probs, verify_greedy_tensors, verify_sampling,
-                                      verify_typical)
+from headway.inference.verify import (LazyProbs, SamplingParams, probs, q_rows, verify_greedy_tensors,
+                                      verify_sampling, verify_sampling_tensors, verify_typical)
 
 ACCEPTANCE = ("exact", "typical")
 
@@ -95,6 +95,11 @@ class SpeculativeOutput:
 class SpeculativeGenerator:
     """Lossless tree-speculative generation with any drafter.
 
+    ``device_sampling`` (class attribute; None: on CUDA only): verify sampled rounds with tensor ops on the
+    device (``verify_sampling_tensors``: no read until the leaf and the next token), not the host loop that
+    reads each candidate's probabilities (free on a CPU, a sync each on a GPU; the host loop also processes
+    only the rows it visits, which on a CPU costs less than every row's top-p sort).
+
     Args:
         target_model: a transformers causal LM (sdpa or eager attention); ``generate`` takes one prompt or a
             left-padded batch with its attention_mask (headway.inference.batch).
@@ -114,6 +119,8 @@ class SpeculativeGenerator:
             are prepacked (``pack_linears``: there 2-3 rows cost less than 4).
         typical_threshold, typical_alpha: Medusa's epsilon and delta for acceptance="typical".
     """
+
+    device_sampling: bool | None = None
 
     def __init__(self, target_model, drafter, tree="auto", acceptance: str = "exact", *, pad_to: int | None = None,
                  typical_threshold: float = 0.09, typical_alpha: float = 0.3, cost_curve=None,
@@ -363,6 +370,11 @@ class SpeculativeGenerator:
         if sampling is None:  # on the device; the round's one read: the leaf, the bonus token and the draft's tokens
             leaf, bonus = verify_greedy_tensors(*tree.greedy_tensors(logits.device), draft.tokens, logits.argmax(-1))
             return self.greedy_result(tree, torch.cat([torch.stack([leaf, bonus]), draft.tokens]).tolist())
+        on_device = self.device_sampling if self.device_sampling is not None else logits.device.type == "cuda"
+        if on_device and self.acceptance == "exact":  # the round's one read: the leaf, the next token, the tokens
+            out = verify_sampling_tensors(*tree.sampling_tensors(logits.device), draft.tokens, probs(logits, sampling),
+                                          q_rows(draft.q, tree.size, logits), generator)
+            return self.greedy_result(tree, torch.cat([out, draft.tokens]).tolist())
         tokens = draft.tokens.tolist()
         if self.acceptance == "typical":
             thr, alpha = self.typical

@@ -229,6 +229,18 @@ class Tree:
 
         return self.cached(("greedy", device), build)
 
+    def sampling_tensors(self, device: torch.device) -> tuple[torch.Tensor, int]:
+        """(children [N, K] long on ``device``, node i's children in sibling order padded with -1; the depth) for
+        ``verify_sampling_tensors``, memoised."""
+        def build():
+            k = max(1, max(len(kids) for kids in self.children))
+            table = torch.full((self.size, k), -1, dtype=torch.long)
+            for i, kids in enumerate(self.children):
+                table[i, :len(kids)] = torch.tensor(kids, dtype=torch.long)
+            return table.to(device), self.depth
+
+        return self.cached(("sampling", device), build)
+
 
 def chain(depth: int) -> Tree:
     """A chain of ``depth`` draft tokens (the classic speculative-decoding draft)."""

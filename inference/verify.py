@@ -186,6 +186,80 @@ def verify_sampling(children: Sequence[Sequence[int]], tokens: Sequence[int], p,
         path.append(node)
 
 
+def verify_sampling_tensors(children: torch.Tensor, depth: int, tokens: torch.Tensor, p: torch.Tensor,
+                            q: torch.Tensor | None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``verify_sampling`` as tensor ops on the device, with no read: [2] long (the accepted leaf, the next token).
+
+    children: [N, K] long, node i's children in sibling order, -1 padding, and the tree's depth
+    (``Tree.sampling_tensors``); tokens:
+    [N] long; p: [N, V] the target's processed distributions; q: [N, V] the distribution each node's children
+    were drawn from (rows of childless nodes unread), or None for deterministic candidates (the one-hot rule).
+    The same rule, step for step: each level tries the current node's children in order (accept with
+    min(1, p(x)/q(x)); on a rejection p becomes the residual and q loses x; a child with q(x) = 0 proposes
+    nothing), moves to the accepted child or stops; the next token is drawn from the final p. Every uniform is
+    drawn up front ([depth, K], on p's device), so the host reads nothing until the caller reads the result
+    (the path is the leaf's ancestors: ``node_path`` on the host tree).
+    """
+    k = children.shape[1]
+    u = torch.rand((depth, k), generator=generator, device=p.device)
+    node = torch.zeros((), dtype=torch.long, device=p.device)
+    done = torch.zeros((), dtype=torch.bool, device=p.device)
+    p_cur, q_cur = p[0], None if q is None else q[0]
+    for level in range(depth):
+        kids = children[node]  # [K]
+        found = torch.zeros((), dtype=torch.bool, device=p.device)
+        chosen = node
+        for j in range(k):
+            c = kids[j]
+            x = tokens[c.clamp_min(0)]
+            active = ~done & ~found & (c >= 0)
+            px = p_cur[x]
+            if q_cur is None:  # deterministic: accept with p(x); on a rejection p loses x
+                accept = active & (u[level, j] < px)
+                p_cur = torch.where(active & ~accept, _without(p_cur, x), p_cur)
+            else:
+                qx = q_cur[x]
+                real = active & (qx > 0)  # a draw outside the draft's support proposes nothing
+                accept = real & (u[level, j] * qx < px)
+                rejected = real & ~accept
+                p_cur = torch.where(rejected, _residual(p_cur, q_cur), p_cur)
+                q_cur = torch.where(rejected, _without(q_cur, x), q_cur)
+            chosen = torch.where(accept, c, chosen)
+            found = found | accept
+        node = chosen
+        done = done | ~found
+        p_cur = torch.where(found, p[node], p_cur)
+        if q is not None:
+            q_cur = torch.where(found, q[node], q_cur)
+    nxt = torch.multinomial(p_cur, 1, generator=generator)[0]
+    return torch.stack([node, nxt])
+
+
+def q_rows(q, n: int, like: torch.Tensor) -> torch.Tensor | None:
+    """A draft's q (None, [N, V] rows, or {node: [V]} for the nodes with children) as [N, V] float32 rows on
+    ``like``'s device (zeros for the nodes without)."""
+    if q is None or isinstance(q, torch.Tensor):
+        return q
+    rows = torch.zeros((n, like.shape[-1]), dtype=torch.float32, device=like.device)
+    for node, row in q.items():
+        rows[node] = row
+    return rows
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``residual`` without a read: norm(max(0, p - q)), or p when that has no mass."""
+    r = (p - q).clamp_min(0.0)
+    z = r.sum()
+    return torch.where(z > 0, r / z.clamp_min(torch.finfo(r.dtype).tiny), p)
+
+
+def _without(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``remove_candidate`` without a read: p with token x zeroed, renormalised (p itself when nothing is left)."""
+    r = p.scatter(0, x[None], 0.0)
+    z = r.sum()
+    return torch.where(z > 0, r / z.clamp_min(torch.finfo(r.dtype).tiny), p)
+
+
 def verify_chain_sampling(tokens: Sequence[int], p, q, generator: torch.Generator | None = None) -> tuple[int, int]:
     """The article's rule on a chain: tokens [gamma + 1] (root first), p [gamma + 1, V], q [gamma + 1, V] or None.
 

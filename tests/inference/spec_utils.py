@@ -197,6 +197,22 @@ class VerifyRecorder:
             return path, nxt
 
         monkeypatch.setattr(generator_mod, "verify_sampling", wrapper)
+        real_tensors = generator_mod.verify_sampling_tensors
+
+        def tensors_wrapper(children, depth, tokens, p, q, *args, **kwargs):  # the device rule reads every row
+            out = real_tensors(children, depth, tokens, p, q, *args, **kwargs)
+            leaf, nxt = out.tolist()
+            kids = [[c for c in row if c >= 0] for row in children.tolist()]
+            parents = [-1] * len(kids)
+            for i, row in enumerate(kids):
+                for c in row:
+                    parents[c] = i
+            q_rows = None if q is None else {i: q[i].detach().clone() for i in range(len(kids)) if kids[i]}
+            self.calls.append(VerifyCall(kids, tokens.tolist(), p.detach().clone(), list(range(len(kids))), q_rows,
+                                         node_path(parents, leaf), nxt))
+            return out
+
+        monkeypatch.setattr(generator_mod, "verify_sampling_tensors", tensors_wrapper)
 
     def take(self) -> list[VerifyCall]:
         calls, self.calls = self.calls, []

@@ -203,6 +203,29 @@ def test_sampling_wiring(models, wiring_cases, drafter, setting, monkeypatch):
     assert rounds >= 3 * 3  # several rounds per call, so rounds after the first are checked too
 
 
+# the rule as tensor ops on the device (the CUDA default), forced here on the CPU: one case per way a draft carries q
+# (a [N, V] tensor or a dict; none: one-hot) and per drafter that drafts a block or chain in one pass
+DEVICE_CASES = ["draft-tree", "medusa-tree", "lookup-chain", "eagle3-tree", "peagle-chain", "dflash-tree", "hybrid-medusa"]
+
+
+@pytest.mark.parametrize("drafter", DEVICE_CASES)
+def test_sampling_wiring_on_the_device(models, wiring_cases, drafter, monkeypatch):
+    monkeypatch.setattr(SpeculativeGenerator, "device_sampling", True)
+    calls = []
+    real = generator_mod.verify_sampling_tensors
+    monkeypatch.setattr(generator_mod, "verify_sampling_tensors", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rounds = run_and_check(models.target, wiring_cases[drafter], SETTINGS["T0.7-p0.9"], monkeypatch)
+    assert rounds >= 3 * 3 and len(calls) == rounds  # every round verified on the device
+
+
+@pytest.mark.parametrize("drafter, setting", [("draft-chain", "T1"), ("medusa-tree", "T0.7-p0.9")])
+def test_sampling_on_the_device_matches_target_end_to_end(setup, drafter, setting, monkeypatch):
+    monkeypatch.setattr(SpeculativeGenerator, "device_sampling", True)
+    target, drafters, joints = setup
+    samples = sample_first3(target, *drafters[drafter], SETTINGS[setting], n=1000, seed=1)
+    assert chi2_pvalue(samples, joints[setting]) > 1e-3
+
+
 @pytest.mark.parametrize("drafter", ["draft-tree", "lookup-tree", "medusa-tree", "eagle3-dynamic"])
 def test_sampling_wiring_with_generation_config(models, wiring_cases, drafter, monkeypatch):
     """p at every node is the target's distribution after the generation config's processors run on

@@ -6,9 +6,9 @@ import torch
 
 import headway.inference.verify as verify_mod
 from headway.inference.proposer import sample_children
-from headway.inference.tree import Tree, chain
+from headway.inference.tree import Tree, chain, node_path
 from headway.inference.verify import (LazyProbs, SamplingParams, process_logits, probs, verify_chain_sampling,
-                                      verify_greedy, verify_sampling, verify_typical)
+                                      verify_greedy, verify_sampling_tensors, verify_sampling, verify_typical)
 from tests.inference.spec_utils import PROMPT, SETTINGS, VOCAB, chi2_pvalue, context_logits, exact_joint, tiny_vocab_model
 
 SAMPLES = 20_000
@@ -127,6 +127,11 @@ def simulate(tree, sampled, tables, params, n=SAMPLES, seed=0, rule="exact"):
             p = torch.stack([p_table[c] for c in ctx])  # [N, V]
             if rule == "typical":
                 path, nxt = verify_typical(t.parents, t.retrieve, torch.tensor(toks), p, generator=g)
+            elif rule == "tensors":  # the same rule as tensor ops (one read: the leaf and the next token)
+                q_rows = None if q is None else torch.stack([q.get(i, p.new_zeros(VOCAB)) for i in range(t.size)])
+                leaf, nxt = verify_sampling_tensors(*t.sampling_tensors(p.device), torch.tensor(toks), p, q_rows,
+                                                    g).tolist()
+                path = node_path(t.parents, leaf)
             else:
                 path, nxt = verify_sampling(t.children, toks, p, q, g)
             gen += tuple(toks[i] for i in path[1:]) + (nxt,)
@@ -149,6 +154,33 @@ def test_sampling_is_exact(tables, case, setting):
     samples = simulate(tree, sampled, tables, params)
     joint = exact_joint(tables[0], params)
     assert chi2_pvalue(samples, joint) > PASS_P
+
+
+def test_sampling_on_the_device_is_exact(tables):
+    """``verify_sampling_tensors``: the same rule with no read inside, every uniform drawn up front (a tree with
+    sampled children here; the slow lane: a chain and one-hot drafts, more samples)."""
+    params = SETTINGS["T1"]
+    samples = simulate(*CASES["tree-sampled"], tables, params, n=10_000, rule="tensors")
+    assert chi2_pvalue(samples, exact_joint(tables[0], params)) > PASS_P
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, setting", [("chain-sampled", "T0.7-p0.9"), ("tree-topk", "T0.7-p0.9"),
+                                           ("tree-sampled", "T0.7-p0.9")])
+def test_sampling_on_the_device_is_exact_long(tables, case, setting):
+    params = SETTINGS[setting]
+    samples = simulate(*CASES[case], tables, params, rule="tensors")
+    assert chi2_pvalue(samples, exact_joint(tables[0], params)) > PASS_P
+
+
+@pytest.mark.parametrize("bug", ["residual", pytest.param("removal", marks=pytest.mark.slow)])
+def test_a_broken_device_rule_fails(tables, monkeypatch, bug):
+    """The device rule resampling from p after a rejection, or trying the next sibling with the rejected candidate
+    still in q: both are caught."""
+    monkeypatch.setattr(verify_mod, "_residual" if bug == "residual" else "_without", lambda p, q: p)
+    params = SETTINGS["T1"]
+    samples = simulate(*CASES["tree-sampled"], tables, params, n=10_000, rule="tensors")
+    assert chi2_pvalue(samples, exact_joint(tables[0], params)) < FAIL_P
 
 
 def test_broken_residual_fails(tables, monkeypatch):
