@@ -2,7 +2,8 @@
 
 The drafter is a few Qwen3-style decoder layers (q_norm / k_norm in the attention) over the target's
 own token embedding and lm_head (bound, frozen, not stored: z-lab's and speculators' full-vocabulary
-drafters do the same). The target's features at ``feature_layers`` (transformers hidden_states ids,
+drafters do the same; with ``draft_vocab_size`` only the rows of a reduced draft vocabulary are
+scored, ``d2t`` mapping them back, as speculators' reduced-vocabulary DFlash does). The target's features at ``feature_layers`` (transformers hidden_states ids,
 as EAGLE-3's) are fused by ``fc`` and ``hidden_norm`` into one context state per position, and every
 draft layer reads that context through its own ``k_proj`` / ``v_proj`` (keys normed and rotated at
 the context's positions): the target's features are the drafter's key/value cache. A block is the
@@ -46,9 +47,9 @@ class DFlashConfig(EagleConfig):
         super().__post_init__()
         if self.version != 3:
             raise ValueError(f"DFlash reads fused target features as EAGLE-3 does (version 3), got version {self.version}")
-        if self.normalize_features or self.store_embeddings or self.fc_bias or self.draft_vocab_size is not None:
-            raise ValueError("DFlash scores through the target's own embedding and lm_head over the full vocabulary with "
-                             "a bias-free fc: drop normalize_features, store_embeddings, fc_bias and draft_vocab_size")
+        if self.normalize_features or self.store_embeddings or self.fc_bias:
+            raise ValueError("DFlash reads the target's own embedding and scores through its lm_head with a bias-free "
+                             "fc: drop normalize_features, store_embeddings and fc_bias")
         if self.num_layers < 1:
             raise ValueError(f"DFlash num_layers must be >= 1, got {self.num_layers}")
         if self.block_size < 2:
@@ -149,21 +150,29 @@ class DFlashHead(Fp32Rope, DraftVocabulary, Drafter):
         self.layers = nn.ModuleList([DFlashLayer(config) for _ in range(config.num_layers)])
         self.norm = _rms_norm(h, config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config.llama_config())  # inv_freq: a non-persistent buffer
-        self.d2t = None  # the full vocabulary (DraftVocabulary's maps are the identity)
-        self._bound = ()  # (the target's embedding [V, H], its lm_head [V, H]): not saved
+        if config.draft_vocab_size:  # target_id = draft_id + d2t[draft_id]: the lm_head rows scored
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        else:
+            self.d2t = None  # the full vocabulary (DraftVocabulary's maps are the identity)
+        self._bound = ()  # (the target's embedding [V, H], its lm_head rows [V', H]): not saved
 
     @classmethod
-    def from_target(cls, target_model, config: DFlashConfig | None = None, **overrides) -> "DFlashHead":
+    def from_target(cls, target_model, config: DFlashConfig | None = None, draft_tokens=None,
+                    **overrides) -> "DFlashHead":
         """A fresh drafter sized from ``target_model``; from ``config`` only DFlash's own choices (feature_layers,
-        num_layers, block_size, mask_token_id); ``overrides`` win. ``norm`` starts as the target's final norm."""
+        num_layers, block_size, mask_token_id, draft_vocab_size); ``overrides`` win. ``norm`` starts as the target's
+        final norm. ``draft_tokens``: the target ids whose lm_head rows are scored when ``draft_vocab_size`` is set
+        (speculators' reduced-vocabulary DFlash: the target's rows, frozen; a chain's projection costs V'/V)."""
         fields = {**target_layer_fields(target_model), "version": 3}
         if config is not None:
             fields.update({k: getattr(config, k) for k in ("feature_layers", "num_layers", "block_size",
-                                                           "mask_token_id")})
+                                                           "mask_token_id", "draft_vocab_size")})
         fields.update(overrides)
         if fields.get("mask_token_id") is None:
             fields["mask_token_id"] = default_mask_token(target_model)
         head = cls(DFlashConfig(**fields))
+        if head.d2t is not None:
+            head.set_draft_vocab(draft_tokens)
         head.bind_target(target_model)
         with torch.no_grad():
             head.norm.weight.copy_(final_norm(target_model).weight.to(head.norm.weight.dtype))
@@ -179,13 +188,19 @@ class DFlashHead(Fp32Rope, DraftVocabulary, Drafter):
                              f"(features {self.config.feature_layers}) but the target has {depth}; "
                              "train or load a drafter made for this target")
 
+    def validate(self) -> None:
+        self.check_draft_vocab()
+
     def bind_target(self, target_model) -> "DFlashHead":
-        """Check shapes against the target and bind its frozen embedding and lm_head."""
+        """Check shapes against the target and bind its frozen embedding and lm_head (its draft vocabulary's rows)."""
         self.check_target(target_model)
+        self.check_draft_vocab()
         lm_head = target_model.get_output_embeddings()
         if getattr(lm_head, "bias", None) is not None:
             raise ValueError("DFlash scores through the target's lm_head, which must have no bias")
-        self._bound = (target_model.get_input_embeddings().weight.detach(), lm_head.weight.detach())
+        rows = self.draft_rows(lm_head.weight.detach())
+        self._bound = (target_model.get_input_embeddings().weight.detach(),
+                       rows.contiguous() if self.d2t is not None else rows)
         return self
 
     def _need_target(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,7 +240,8 @@ class DFlashHead(Fp32Rope, DraftVocabulary, Drafter):
         return x
 
     def projection(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[..., H] -> (``norm(h)``, the target's lm_head [V, H]): ``logits`` is their product."""
+        """[..., H] -> (``norm(h)``, the target's lm_head rows [V', H]): ``logits`` is their product (map its indices
+        with ``to_target_ids``)."""
         return self.norm(h), self._need_target()[1].to(h.dtype)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ class DFlashProposer(EagleProposer):
             raise ValueError(f"this DFlash drafter was trained on blocks of {self.block} tokens, so it drafts at most "
                              f"{self.block - 1} per pass; the tree {tree.name or tree.size} has depth {tree.depth}: pass "
                              f"a tree of depth <= {self.block - 1} (e.g. chain-{self.block - 1}) or tree=None")
-        tree.validate(top_k=self.head.config.vocab_size)
+        tree.validate(top_k=self.head.config.output_size)
 
     def _catch_up(self, ctx: DraftContext) -> bool:
         """Feed the positions whose features are new into every layer's context; whether there is any context."""
@@ -66,7 +66,7 @@ class DFlashProposer(EagleProposer):
         return self._seen > 0
 
     def block_logits(self, ctx: DraftContext, depth: int) -> torch.Tensor:
-        """One block at positions L-1 .. L+B-2 -> logits [depth, V] of slots 1 .. depth (slot k: depth k)."""
+        """One block at positions L-1 .. L+B-2 -> logits [depth, V'] of slots 1 .. depth (slot k: depth k)."""
         head, length = self.head, ctx.tokens.shape[0]
         ids = torch.full((1, self.block), head.config.mask_token_id, dtype=torch.long, device=self._device)
         ids[0, 0] = ctx.tokens[-1]
@@ -74,7 +74,7 @@ class DFlashProposer(EagleProposer):
         h = head(ids, positions, self._caches)  # [1, B, H]; the block's k/v were appended to the caches
         for cache in self._caches:
             cache.crop(self._seen)
-        return few_rows_linear(*head.projection(h[0, 1:depth + 1])).float()  # [depth, V]
+        return few_rows_linear(*head.projection(h[0, 1:depth + 1])).float()  # [depth, V']
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
@@ -82,12 +82,14 @@ class DFlashProposer(EagleProposer):
         tree = tree.truncate(ctx.max_depth)
         if not self._catch_up(ctx) or tree.size == 1:
             return root_only(ctx)
-        logits = self.block_logits(ctx, tree.depth)  # [depth, V]: row d scores the children of depth-d nodes
+        logits = self.block_logits(ctx, tree.depth)  # [depth, V']: row d scores the children of depth-d nodes
 
         def feed(exp, nodes):  # a static level's frontier (one depth): its slot's logits, a row each
             return logits[exp.depths[nodes[0]]].expand(len(nodes), -1)
 
-        return expand_static(tree, ctx.root_token, logits[0], feed, ctx.sampling, ctx.generator)
+        head = self.head
+        return expand_static(tree, ctx.root_token, logits[0], feed, ctx.sampling, ctx.generator, head.to_target_ids,
+                             head.widen)
 
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
         """A batch's row drafts alone (its one pass needs no level-by-level batching)."""

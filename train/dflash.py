@@ -24,7 +24,7 @@ import torch
 from headway.heads.dflash import DFlashConfig, DFlashHead
 from headway.heads.target.features import num_layers
 from headway.train.chunked import DEFAULT_CHUNK_SIZE, SoftLossConfig, linear_cross_entropy
-from headway.train.common import describe, parse_run_args, report_accuracy, run_main, setup_run
+from headway.train.common import describe, draft_vocabulary, parse_run_args, report_accuracy, run_main, setup_run
 from headway.train.config import to_dict
 from headway.train.data import DataConfig
 from headway.train.divergences import DEFAULT_LK_DECAY
@@ -103,12 +103,13 @@ def block_outputs(head: DFlashHead, features: torch.Tensor, input_ids: torch.Ten
 
 
 def dflash_loss(head: DFlashHead, features: torch.Tensor, last: torch.Tensor, input_ids: torch.Tensor,
-                loss_mask: torch.Tensor, target_rows: torch.Tensor, argmax: torch.Tensor | None, *,
-                anchors: int = DEFAULT_ANCHORS, gamma: float = DEFAULT_GAMMA, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                loss_mask: torch.Tensor, target_rows: torch.Tensor, argmax: torch.Tensor | None,
+                draft_index: torch.Tensor | None = None, *, anchors: int = DEFAULT_ANCHORS, gamma: float = DEFAULT_GAMMA, chunk_size: int = DEFAULT_CHUNK_SIZE,
                 kind: str = "ce", lk_decay: float = DEFAULT_LK_DECAY, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
     """features: [B, T, F] the fused target layers; last: [B, T, H] the target's final-norm states; input_ids,
-    loss_mask: [B, T]; target_rows: [V, H] the target's lm_head; argmax: [B, T] the target's greedy choice after
-    each position (None: the next token). Returns (the loss, counts per slot ``step{k-1}``)."""
+    loss_mask: [B, T]; target_rows: [V', H] the target's lm_head rows of the draft vocabulary; argmax: [B, T] the
+    target's greedy choice after each position (None: the next token); draft_index: [V] the draft index of each
+    target id (-1 outside), None for the full vocabulary. Returns (the loss, counts per slot ``step{k-1}``)."""
     b, t, _ = features.shape
     block = head.config.block_size
     metrics: dict[str, torch.Tensor] = {}
@@ -116,6 +117,8 @@ def dflash_loss(head: DFlashHead, features: torch.Tensor, last: torch.Tensor, in
     starts, valid = pick_anchors(loss_mask, anchors, generator)  # [B, A]
     h = block_outputs(head, features, input_ids, starts, valid)  # [B, A, Bk, H]
     chosen = argmax if argmax is not None else torch.cat([input_ids[:, 1:], input_ids[:, -1:]], 1)  # [B, T]
+    if draft_index is not None:  # target ids -> draft indices (-1 outside the draft vocabulary: a miss)
+        chosen = draft_index[chosen.clamp_min(0)]
     for k in range(1, block):
         with torch.no_grad():
             pos = starts + k  # [B, A]: slot k predicts x[pos], the target's distribution at pos - 1
@@ -146,7 +149,7 @@ class DFlashTrainingModule(EagleTrainingModule):
             generator = torch.Generator(device=fused.device).manual_seed(EVAL_SEED)
         loss = self.loss
         return dflash_loss(self.head, fused, final, batch["input_ids"], batch["loss_mask"], self.target_rows, argmax,
-                           anchors=loss.anchors, gamma=loss.gamma, chunk_size=loss.chunk_size, kind=loss.kind,
+                           self.draft_index, anchors=loss.anchors, gamma=loss.gamma, chunk_size=loss.chunk_size, kind=loss.kind,
                            lk_decay=loss.lk_decay, generator=generator)
 
 
@@ -173,7 +176,9 @@ def train(cfg: DFlashRunConfig) -> dict:
     """Train and export a DFlash drafter; returns the final held-out metrics per slot."""
     run = setup_run(cfg.model, cfg.features, cfg.data, cfg.train,
                     layers=lambda target: feature_layers(cfg, num_layers(target)))
-    head = DFlashHead.from_target(run.target, config=cfg.dflash, base_model_name_or_path=cfg.model)
+    head = DFlashHead.from_target(run.target, config=cfg.dflash,
+                                  draft_tokens=draft_vocabulary(run, cfg.dflash.draft_vocab_size),
+                                  base_model_name_or_path=cfg.model)
     head.to(run.acc.device)
     describe(run, cfg.features)
     metrics = run_training(run.acc, cfg.train, DFlashMethod(head, run.target, cfg.loss), run.train_data,

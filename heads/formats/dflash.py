@@ -109,12 +109,14 @@ def body_shapes(fields: dict, width: int) -> dict[str, tuple]:
 # --- export --------------------------------------------------------------------------------------
 
 def export_dflash(head: DFlashHead, out_dir, fmt: str, *, target_name_or_path: str | None = None,
-                  overwrite: bool = False) -> Path:
+                  overwrite: bool = False, target=None) -> Path:
     """Write ``head`` into ``out_dir`` in the layout ``fmt`` ("speculators" or "z-lab"; see the module docstring).
 
     ``target_name_or_path`` (default: the head's ``base_model_name_or_path``) names the speculators verifier (a
     local model folder's ``architectures`` are copied); the proposal drafts ``block_size - 1`` tokens. A head
-    reading layer 0 cannot be written as "z-lab". The folder is written beside ``out_dir`` and moved into place;
+    reading layer 0 cannot be written as "z-lab". A reduced draft vocabulary goes into "speculators" only, as
+    speculators writes it: ``d2t``, ``t2d`` and the target's lm_head rows (``lm_head.weight`` [V', H], which its
+    runtimes cannot derive), from ``target`` or the rows the head is bound to. The folder is written beside ``out_dir`` and moved into place;
     a non-empty ``out_dir`` is replaced only with ``overwrite=True``. Returns the folder."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown DFlash export format {fmt!r}; choose one of {list(FORMATS)}")
@@ -122,6 +124,12 @@ def export_dflash(head: DFlashHead, out_dir, fmt: str, *, target_name_or_path: s
         raise ValueError(f"export_dflash needs a DFlashHead, got {type(head).__name__}")
     cfg = head.config
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
+    if head.d2t is not None:
+        if fmt == "z-lab":
+            raise ValueError(f"this DFlash head scores a draft vocabulary of {cfg.draft_vocab_size} tokens, which "
+                             "z-lab's layout cannot hold (its drafters score the target's whole vocabulary); export it "
+                             "as 'speculators'")
+        state.update(draft_vocabulary_tensors(head, target))
     layers, state["fc.weight"] = sorted_features(cfg.feature_layers, state["fc.weight"], cfg.hidden_size)
     dtype = state["fc.weight"].dtype
     meta = {"num_target_layers": cfg.num_target_layers, "base_model_name_or_path": cfg.base_model_name_or_path}
@@ -134,6 +142,22 @@ def export_dflash(head: DFlashHead, out_dir, fmt: str, *, target_name_or_path: s
     return write_folder(out_dir, config, state, overwrite)
 
 
+def draft_vocabulary_tensors(head: DFlashHead, target=None) -> dict[str, torch.Tensor]:
+    """A reduced vocabulary as speculators stores it: ``t2d`` [V] bool, and ``lm_head.weight``, the target's rows
+    of the draft tokens [V', H] (``d2t`` is in the head's state already)."""
+    if target is not None:
+        head.check_target(target)
+        rows = head.draft_rows(target.get_output_embeddings().weight.detach())
+    elif head._bound:
+        rows = head._bound[1]
+    else:
+        raise ValueError("a DFlash drafter with a draft vocabulary is written with the target's lm_head rows of it: "
+                         "pass target= (or bind_target the head first)")
+    t2d = torch.zeros(head.config.vocab_size, dtype=torch.bool)
+    t2d[head.draft_token_ids.cpu()] = True
+    return {"t2d": t2d, "lm_head.weight": rows.detach().to("cpu", head.fc.weight.dtype).contiguous()}
+
+
 def speculators_dflash_config(cfg: DFlashConfig, dtype: torch.dtype, layers: list[int], verifier: str | None,
                               meta: dict) -> dict:
     """config.json of the "speculators" layout (speculators' ``DFlashSpeculatorConfig``)."""
@@ -142,7 +166,7 @@ def speculators_dflash_config(cfg: DFlashConfig, dtype: torch.dtype, layers: lis
         "speculators_model_type": ALGORITHM,
         "speculators_version": speculators.SPECULATORS_VERSION,
         "transformer_layer_config": qwen3_fields(cfg, dtype),
-        "draft_vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.output_size,
         "block_size": cfg.block_size,
         "target_hidden_size": cfg.hidden_size,
         "aux_hidden_state_layer_ids": list(layers),
@@ -257,9 +281,10 @@ def _parse_speculators(path: Path, config: dict):
         raise ValueError(f"{path} lacks a transformer_layer_config object")
     fields = parse_qwen3_config(path, layer_cfg, "transformer_layer_config")
     draft = config.get("draft_vocab_size")
-    if draft is not None and int(draft) != fields["vocab_size"]:
-        raise ValueError(f"{path} has a reduced draft vocabulary (draft_vocab_size {draft} of {fields['vocab_size']}); "
-                         "headway's DFlash scores the target's whole vocabulary through its lm_head")
+    if draft is not None and not 1 <= int(draft) <= fields["vocab_size"]:
+        raise ValueError(f"{path}: draft_vocab_size {draft} is not in 1..{fields['vocab_size']} (the vocabulary)")
+    if draft is not None and int(draft) < fields["vocab_size"]:  # the target's rows of d2t's tokens
+        fields["draft_vocab_size"] = int(draft)
     target_hidden = config.get("target_hidden_size")
     if target_hidden is not None and int(target_hidden) != fields["hidden_size"]:
         raise ValueError(f"{path}: target_hidden_size {target_hidden} differs from hidden_size "
@@ -339,14 +364,36 @@ def _body(folder: Path, fmt: str, weights: dict, own: dict, count: int) -> dict:
     if fc is not None and tuple(fc.shape) != expected["fc.weight"]:
         raise ValueError(f"{folder / WEIGHTS_NAME}: fc.weight has shape {tuple(fc.shape)}, but {count} feature "
                          f"layer(s) of width {own['hidden_size']} need {expected['fc.weight']}")
-    _check_full_vocabulary(folder, weights, own["vocab_size"])
+    rows = own.get("draft_vocab_size") or own["vocab_size"]
+    if own.get("draft_vocab_size"):
+        expected["d2t"] = (rows,)
+        _check_draft_vocabulary(folder, weights, own["vocab_size"], rows)
+    else:
+        _check_full_vocabulary(folder, weights, own["vocab_size"])
     check_tensors(folder, fmt, weights, expected, optional={*VERIFIER_COPIES, "d2t", "t2d"})
     for key in VERIFIER_COPIES:
-        shape = (own["hidden_size"],) if key == "verifier_norm.weight" else (own["vocab_size"], own["hidden_size"])
+        shape = (own["hidden_size"],) if key == "verifier_norm.weight" else \
+            (rows if key == "lm_head.weight" else own["vocab_size"], own["hidden_size"])
         if key in weights and tuple(weights[key].shape) != shape:
             raise ValueError(f"{folder / WEIGHTS_NAME}: {key} has shape {tuple(weights[key].shape)}; the target's "
                              f"would be {shape}")
     return {k: v for k, v in weights.items() if k in expected}
+
+
+def _check_draft_vocabulary(folder: Path, weights: dict, vocab: int, rows: int) -> None:
+    """A reduced vocabulary: ``d2t`` [V'] mapping to distinct target ids, and ``t2d`` (when there) marking exactly
+    them. Its ``lm_head`` (the target's rows, frozen in speculators) is not kept: headway binds the target's."""
+    d2t, t2d = weights.get("d2t"), weights.get("t2d")
+    if d2t is None or d2t.numel() != rows:
+        raise ValueError(f"{folder / WEIGHTS_NAME}: a draft vocabulary of {rows} tokens needs d2t of {rows} offsets, "
+                         f"got {None if d2t is None else tuple(d2t.shape)}")
+    ids = d2t.long().flatten() + torch.arange(rows)
+    bad = int(ids.min()) < 0 or int(ids.max()) >= vocab or len(torch.unique(ids)) != rows
+    if not bad and t2d is not None:
+        bad = t2d.numel() != vocab or int(t2d.bool().sum()) != rows or not bool(t2d.bool().flatten()[ids].all())
+    if bad:
+        raise ValueError(f"{folder / WEIGHTS_NAME}: d2t/t2d do not map {rows} draft tokens to distinct ids of the "
+                         f"vocabulary of {vocab}; re-export the drafter")
 
 
 def _check_full_vocabulary(folder: Path, weights: dict, vocab: int) -> None:
@@ -384,4 +431,4 @@ def write_layout(head: DFlashHead, out, fmt: str, model, *, overwrite: bool = Fa
                  target_name_or_path: str | None = None, **options) -> Path:
     """The registry's writer; EAGLE's options (``speculative_tokens``: DFlash drafts ``block_size - 1``) are
     ignored."""
-    return export_dflash(head, out, fmt, target_name_or_path=target_name_or_path, overwrite=overwrite)
+    return export_dflash(head, out, fmt, target_name_or_path=target_name_or_path, overwrite=overwrite, target=model)

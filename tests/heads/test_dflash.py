@@ -22,8 +22,8 @@ def test_config_checks():
         DFlashConfig(**base, num_layers=0)
     with pytest.raises(ValueError, match="version 3"):
         DFlashConfig(**base, version=1, feature_layers=[4])
-    with pytest.raises(ValueError, match="drop normalize_features, store_embeddings, fc_bias and draft_vocab_size"):
-        DFlashConfig(**base, draft_vocab_size=50)
+    with pytest.raises(ValueError, match="drop normalize_features, store_embeddings and fc_bias"):
+        DFlashConfig(**base, fc_bias=True)
     with pytest.raises(ValueError, match="mask_token_id must be a token id in 0..99"):
         DFlashConfig(**base, mask_token_id=100)
 
@@ -46,6 +46,23 @@ def test_from_target_round_trip_and_kind(tmp_path):
     EagleHead.from_target(target, version=3).save_pretrained(tmp_path / "e")
     with pytest.raises(ValueError, match="describes drafter_type 'eagle', expected 'dflash'"):
         DFlashHead.from_pretrained(tmp_path / "e")  # nor the reverse
+
+
+def test_a_draft_vocabulary_scores_the_targets_rows(tmp_path):
+    """draft_vocab_size: the logits are the target's lm_head rows of the draft tokens (frozen, not stored), d2t maps
+    them back; a strict round trip keeps d2t."""
+    target, _ = build_tiny_target("llama")
+    ids = [5, 9, 17, 40, 41, 100, 150, 200]
+    head = DFlashHead.from_target(target, block_size=4, draft_vocab_size=8, draft_tokens=ids[::-1])
+    h = torch.randn(3, 64)
+    full = torch.nn.functional.linear(head.norm(h), target.lm_head.weight)
+    assert torch.allclose(head.logits(h), full[:, ids]) and head.to_target_ids(torch.arange(8)).tolist() == ids
+    assert "d2t" in head.state_dict() and "lm_head.weight" not in head.state_dict()
+    head.save_pretrained(tmp_path / "v")
+    back = load_drafter(tmp_path / "v").bind_target(target)
+    assert torch.equal(back.d2t, head.d2t) and torch.allclose(back.logits(h), head.logits(h))
+    with pytest.raises(ValueError, match="draft_vocab_size=8 needs as many draft token ids"):
+        DFlashHead.from_target(target, draft_vocab_size=8, draft_tokens=ids[:3])
 
 
 def test_the_context_is_every_layers_keys():

@@ -14,20 +14,23 @@ def heads():
     return {}
 
 
-def dflash_for(family, heads):
-    if family.name not in heads:
+def dflash_for(family, heads, vocab=None):
+    key = (family.name, vocab)
+    if key not in heads:
         torch.manual_seed(0)
-        head = DFlashHead.from_target(family.target, block_size=4, num_layers=2)
+        head = DFlashHead.from_target(family.target, block_size=4, num_layers=2, draft_vocab_size=vocab,
+                                      draft_tokens=None if vocab is None else list(range(0, 2 * vocab, 2)))
         with torch.no_grad():  # not a fresh init's near-uniform draft: slots that disagree with each other
             for p in head.parameters():
                 p.add_(torch.randn_like(p) * 0.05)
-        heads[family.name] = head
-    return heads[family.name]
+        heads[key] = head
+    return heads[key]
 
 
-@pytest.mark.parametrize("tree", [None, "auto", "chain-2", "tree-7"])
-def test_greedy_equals_generate(family, heads, tree):
-    gen = SpeculativeGenerator(family.target, dflash_for(family, heads), tree=tree)
+@pytest.mark.parametrize("tree, vocab", [(None, None), ("auto", None), ("chain-2", None), ("tree-7", None),
+                                         (None, 60), ("tree-7", 60)])
+def test_greedy_equals_generate(family, heads, tree, vocab):
+    gen = SpeculativeGenerator(family.target, dflash_for(family, heads, vocab), tree=tree)
     for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:12]):
         out = gen.generate(prompt, max_new_tokens=max_new)
         assert torch.equal(out.sequences, ref), f"{family.name}: prompt {i} differs from generate"

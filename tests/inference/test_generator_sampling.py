@@ -51,7 +51,7 @@ class Models:
     eagle31: torch.nn.Module  # EAGLE-3.1 (normalize_features): norms per feature layer, post-norm states fed back
     layerskip: torch.nn.Module  # a LayerSkip exit head after layer 1 of 2, over a reduced 6-token draft vocabulary
     peagle: torch.nn.Module  # P-EAGLE (3 tokens a pass) over a reduced 6-token draft vocabulary, its mask_hidden random
-    dflash: torch.nn.Module  # DFlash (blocks of 4: 3 slots a pass), two layers, weights perturbed at random
+    dflash: torch.nn.Module  # DFlash (blocks of 4: 3 slots a pass), two layers, a 6-token draft vocabulary, perturbed
 
 
 # name -> how to build its WiringCase(drafter, tree, q_ref, check_draft) from the Models: a new drafter
@@ -110,7 +110,8 @@ def models():
     peagle = PEagleHead.from_target(target, parallel_depths=3, draft_vocab_size=6, draft_tokens=[0, 1, 2, 4, 5, 7])
     with torch.no_grad():
         peagle.mask_hidden.normal_()
-    dflash = DFlashHead.from_target(target, block_size=4, num_layers=2)
+    dflash = DFlashHead.from_target(target, block_size=4, num_layers=2, draft_vocab_size=6,
+                                    draft_tokens=[0, 1, 2, 4, 5, 7])
     with torch.no_grad():
         for p in dflash.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -128,7 +129,7 @@ def dflash_q_ref(target, head):
         block = torch.full((1, head.config.block_size), head.config.mask_token_id)
         block[0, 0] = ctx[0, -1]
         h = head(block, torch.arange(context_len - 1, context_len - 1 + head.config.block_size)[None], kv)
-        return probs(head.logits(h[0, len(ids) - context_len + 1]), params)
+        return head.widen(probs(head.logits(h[0, len(ids) - context_len + 1]), params))  # over the target's ids
     return ref
 
 

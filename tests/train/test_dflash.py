@@ -121,7 +121,7 @@ def test_tiny_config_trains_exports_loads_and_generates_the_targets_output(tmp_p
     main(["--config", str(TINY), f"train.output_dir={out}", "train.max_steps=6"])
     assert "slot 2 (token t+4): held-out top-1" in capsys.readouterr().out
     config = json.loads((out / "config.json").read_text())
-    assert config["drafter_type"] == "dflash" and config["block_size"] == 4
+    assert config["drafter_type"] == "dflash" and config["block_size"] == 4 and config["draft_vocab_size"] == 128
     head = load_drafter(out)
     assert isinstance(head, DFlashHead)
     target, tok = build_tiny_target("llama")
@@ -145,7 +145,7 @@ def test_two_process_cpu_ddp_stays_in_sync(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("dflash.block_size=1", "block_size must be >= 2"),
-    ("dflash.draft_vocab_size=64", "drop normalize_features, store_embeddings, fc_bias and draft_vocab_size"),
+    ("dflash.fc_bias=true", "drop normalize_features, store_embeddings and fc_bias"),
     ("loss.gamma=0", "loss.gamma must be > 0"),
     ("loss.kind=mse", "unknown loss kind 'mse'"),
 ])

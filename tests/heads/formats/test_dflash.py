@@ -101,14 +101,15 @@ def headway_block_logits(head, feats: dict, ids):
 def assert_speculators_computes_it(head, folder, target):
     model = speculators_model(folder)
     own = set(model.state_dict()) - {"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight",
-                                     "verifier_norm.weight"}
-    assert own == set(head.state_dict())  # the body: every tensor loaded, none left out
+                                     "verifier_norm.weight", "t2d"}
+    assert own == set(head.state_dict())  # the body (and d2t): every tensor loaded, none left out
     assert torch.equal(model.embed_tokens.weight, target.get_input_embeddings().weight)  # from the verifier
-    assert torch.equal(model.lm_head.weight, target.get_output_embeddings().weight)
+    rows = head.draft_rows(target.get_output_embeddings().weight)
+    assert torch.equal(model.lm_head.weight, rows)  # the verifier's, or the draft rows the folder carries
     feats = per_layer_features(head.config.feature_layers)
     ids = torch.randint(0, 218, (1, C + B + 2), generator=torch.Generator().manual_seed(4))
     theirs, ours = speculators_block_logits(model, feats, ids), headway_block_logits(head, feats, ids)
-    assert theirs.shape == ours.shape == (1, B, 218)
+    assert theirs.shape == ours.shape == (1, B, head.config.output_size)
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
 
 
@@ -135,6 +136,25 @@ def test_speculators_layout_is_what_speculators_computes(tiny, tmp_path):
                                                         "architectures": ["LlamaForCausalLM"]}
     assert config["headway"] == {"num_target_layers": 2, "base_model_name_or_path": None}
     assert_speculators_computes_it(head, out, target)
+
+
+def test_a_draft_vocabulary_is_what_speculators_computes(tiny, tmp_path):
+    """draft_vocab_size: d2t, t2d and the target's rows of the draft tokens, as speculators writes a reduced
+    vocabulary; its model scores those rows and reads the same logits; read back equal; z-lab's layout refuses it."""
+    target, _ = tiny
+    verifier = tmp_path / "target"
+    target.save_pretrained(verifier)
+    ids = list(range(3, 200, 3))
+    head = dflash_head(target, feature_layers=[0, 1, 2], draft_vocab_size=len(ids), draft_tokens=ids)
+    out = quietly(export_any, head, tmp_path / "s", "speculators", target=target, target_name_or_path=str(verifier))
+    config, tensors = config_and_tensors(out)
+    assert config["draft_vocab_size"] == len(ids) and set(tensors) == {*head.state_dict(), "t2d", "lm_head.weight"}
+    assert tensors["t2d"].sum() == len(ids) and torch.equal(tensors["lm_head.weight"], target.lm_head.weight[ids])
+    assert_speculators_computes_it(head, out, target)
+    same_head(head, import_dflash(out))
+    refused(lambda: export_dflash(head, tmp_path / "z", "z-lab"), "which z-lab's layout cannot hold")
+    unbound = import_dflash(out)
+    refused(lambda: export_dflash(unbound, tmp_path / "u", "speculators"), "pass target=")
 
 
 def test_speculators_round_trip(tiny, tmp_path):
@@ -288,10 +308,13 @@ def test_what_dflash_cannot_compute_is_refused(exports):
             r"has sliding-window layers \[0\]")
 
 
-def test_a_reduced_vocabulary_is_refused(exports):
+def test_a_bad_draft_vocabulary_is_refused(exports):
     spec, zlab = exports["speculators"], exports["z-lab"]
-    refused(lambda: import_dflash(rewrite(spec, draft_vocab_size=100)),
-            r"reduced draft vocabulary \(draft_vocab_size 100 of 218\)")
+    refused(lambda: import_dflash(rewrite(spec, draft_vocab_size=100)), "needs d2t of 100 offsets, got None")
+    retensor(spec, d2t=torch.zeros(100, dtype=torch.long), t2d=torch.zeros(218, dtype=torch.bool))
+    refused(lambda: import_dflash(spec), "d2t/t2d do not map 100 draft tokens to distinct ids")
+    retensor(spec, d2t=None, t2d=None)
+    refused(lambda: import_dflash(rewrite(spec, draft_vocab_size=500)), "draft_vocab_size 500 is not in 1..218")
     refused(lambda: import_dflash(rewrite(zlab, draft_vocab_size=100)), "reduced draft vocabulary")
     rewrite(spec, draft_vocab_size=218)
     refused(lambda: import_dflash(retensor(spec, **{"lm_head.weight": torch.zeros(100, 64)})),
