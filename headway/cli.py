@@ -253,7 +253,8 @@ def run_generate(args) -> int:
         seq = target.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
                               pad_token_id=pad, streamer=streamer, **kwargs)
         new = int(sum(count_new(row, ids.shape[1], eos, pad) for row in seq))
-        passes, seconds = seq.shape[1] - ids.shape[1], time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        passes, row_passes = seq.shape[1] - ids.shape[1], new  # a row's pass makes one token
     else:
         from headway.inference import SpeculativeGenerator, pack_linears
 
@@ -265,14 +266,16 @@ def run_generate(args) -> int:
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, generator=generator,
                            eos_token_id=eos, streamer=streamer, **sampling)
         seq = out.sequences
-        new, passes, seconds = out.stats.new_tokens, out.stats.target_forward_passes, out.stats.time_total
+        new, seconds = out.stats.new_tokens, out.stats.time_total
+        row_passes = out.stats.target_forward_passes  # each row's passes (a batch's stats sum its rows')
+        passes = out.stats.batch_passes if batch else row_passes
     if batch:
         for i, row in enumerate(seq):
             print(f"--- {i + 1}: {args.prompt[i]}")
             print(tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True))
-    tau = new / passes if passes else 0.0
+    tau = new / row_passes if row_passes else 0.0  # new tokens per target pass, per row
     rows = f" over {ids.shape[0]} rows" if batch else ""
-    print(f"tau {tau / ids.shape[0]:.2f} ({new} new tokens{rows} in {passes} target passes), "
+    print(f"tau {tau:.2f} ({new} new tokens{rows} in {passes} target passes), "
           f"{new / max(seconds, 1e-9):.1f} tokens/s ({seconds:.2f} s)", file=sys.stderr)
     return 0
 

@@ -250,13 +250,16 @@ def test_generate_several_prompts_as_one_batch(tiny_target, capsys):
     prompts = [PROMPT, "the food", "i like the weather and the weather likes me ? yes"]
     expected = "".join(f"--- {i + 1}: {p}\n{greedy_text(tiny_target, 12, p)}\n" for i, p in enumerate(prompts))
     flags = [arg for p in prompts for arg in ("--prompt", p)]
-    for how in ([], ["--prompt-lookup", "--tree", "default"], ["--draft-model", str(tiny_target)]):
+    for how in ([], ["--prompt-lookup", "--tree", "default"], ["--draft-model", str(tiny_target), "--tree", "default"]):
         capsys.readouterr()
         assert main(["generate", "--model", str(tiny_target), *flags, *how, "--max-new-tokens", "12",
                      "--device", "cpu"]) == 0
         captured = capsys.readouterr()
         assert captured.out == expected, how
-        assert " over 3 rows in " in stats_line(captured.err), captured.err
+        line = stats_line(captured.err)
+        assert " over 3 rows in " in line, captured.err
+        tau = float(line.split()[1])  # per row: 1 for plain decoding; the target as its own draft model accepts all
+        assert tau == 1.0 if not how else tau > 1.0 if how[0] == "--prompt-lookup" else tau >= 4.0, (how, line)
 
 
 def test_readme_commands_parse_as_typed():
