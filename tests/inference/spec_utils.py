@@ -405,3 +405,17 @@ def made_up_curve(step: float, t1: float = 1.0):
     ks = [1, 2, 4, 8, 16, 32, 64]
     rel = [1 + step * (k - 1) for k in ks]
     return CostCurve(ks, [0], [t1], [rel], [rel], {})
+
+
+def assert_batch_equals_rows(gen, family, max_new_tokens: int = 10) -> None:
+    """Two of ``family``'s prompts of different lengths, left-padded into one batch: each row's output (its padding
+    dropped) equals that prompt generated alone."""
+    prompts = [family.prompts[2][0], family.prompts[3][0][:5]]
+    width = max(p.shape[0] for p in prompts)
+    pad = family.target.generation_config.pad_token_id or 0
+    ids = torch.stack([torch.cat([torch.full((width - p.shape[0],), pad), p]) for p in prompts])
+    mask = torch.stack([torch.cat([torch.zeros(width - p.shape[0]), torch.ones(p.shape[0])]) for p in prompts]).long()
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=None)
+    for r, p in enumerate(prompts):
+        alone = gen.generate(p[None], max_new_tokens=max_new_tokens, eos_token_id=None).sequences[0]
+        assert torch.equal(out.sequences[r, width - p.shape[0]:][:alone.shape[0]], alone)  # left padding dropped

@@ -7,6 +7,7 @@ import torch
 
 from headway.heads.dflash import DFlashHead
 from headway.inference import SpeculativeGenerator
+from tests.inference.spec_utils import assert_batch_equals_rows
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +57,7 @@ def test_one_block_per_round_and_the_context_only_stays(family, heads, monkeypat
 
 def test_a_batch_equals_its_rows_alone(family, heads):
     gen = SpeculativeGenerator(family.target, dflash_for(family, heads), tree=None)
-    prompts = [family.prompts[2][0], family.prompts[3][0][:5]]
-    width = max(p.shape[0] for p in prompts)
-    pad = family.target.generation_config.pad_token_id or 0
-    ids = torch.stack([torch.cat([torch.full((width - p.shape[0],), pad), p]) for p in prompts])
-    mask = torch.stack([torch.cat([torch.zeros(width - p.shape[0]), torch.ones(p.shape[0])]) for p in prompts]).long()
-    out = gen.generate(ids, attention_mask=mask, max_new_tokens=10, eos_token_id=None)
-    for r, p in enumerate(prompts):
-        alone = gen.generate(p[None], max_new_tokens=10, eos_token_id=None).sequences[0]
-        assert torch.equal(out.sequences[r, width - p.shape[0]:][:alone.shape[0]], alone)  # left padding dropped
+    assert_batch_equals_rows(gen, family)
 
 
 def test_a_block_larger_than_trained_is_refused(family, heads):

@@ -13,6 +13,7 @@ from headway.heads.layerskip import LayerSkipHead
 from headway.heads.target.tiny import build_tiny_target
 from headway.inference import SpeculativeGenerator
 from headway.train.layerskip import LayerSkipLossConfig, LayerSkipTrainingModule, exit_loss, main
+from tests.train.train_utils import failed_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "layerskip" / "tiny.yaml"
@@ -74,9 +75,6 @@ def test_tiny_config_trains_exports_loads_and_generates_the_targets_output(tmp_p
     ("loss.kind=nope", "unknown loss kind 'nope'"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, capsys, override, message):
-    with pytest.raises(SystemExit) as exc:
-        main(["--config", str(TINY), f"train.output_dir={tmp_path / 'x'}", override])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err  # (the target loads before exit_layer is checked against its depth)
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    err, errors = failed_run(main, TINY, tmp_path / "x", override, capsys)  # (the target loads before exit_layer
+    # is checked against its depth)
     assert "Traceback" not in err and len(errors) == 1 and message in errors[0], err

@@ -14,6 +14,7 @@ from headway.heads.target.tiny import build_tiny_target
 from headway.inference import SpeculativeGenerator
 from headway.train.eagle_losses import eagle3_loss
 from headway.train.peagle import main, parallel_mask, peagle_loss
+from tests.train.train_utils import failed_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "peagle" / "tiny.yaml"
@@ -63,8 +64,5 @@ def test_tiny_config_trains_exports_loads_and_generates_the_targets_output(tmp_p
     ("loss.decay=0", "loss.decay must be > 0"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, capsys, override, message):
-    with pytest.raises(SystemExit) as exc:
-        main(["--config", str(TINY), f"train.output_dir={tmp_path / 'x'}", override])
-    assert exc.value.code == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    _, errors = failed_run(main, TINY, tmp_path / "x", override, capsys)
     assert len(errors) == 1 and message in errors[0], errors

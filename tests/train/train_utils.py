@@ -63,3 +63,15 @@ def two_process_cpu_run(script, config, out, *overrides) -> tuple[subprocess.Com
     rank0, rank1 = info["fingerprints"]
     assert rank0 == rank1, "ranks diverged: gradients were not synchronised"
     return res, info
+
+
+def failed_run(main, config, out, override: str, capsys) -> tuple[str, list[str]]:
+    """A training entry point run with one bad ``override``: asserts it exits with status 2 and returns (its stderr,
+    the lines of it that start with ``error:``)."""
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", str(config), f"train.output_dir={out}", override])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    return err, [line for line in err.splitlines() if line.startswith("error:")]
