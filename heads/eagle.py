@@ -309,20 +309,21 @@ class EagleHead(Fp32Rope, DraftVocabulary, Drafter):
         return h
 
     def extend(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-               cache: DraftCache) -> torch.Tensor:
-        """Feed context positions to ``cache`` and return the last one's h' [B, 1, H]: ``forward``'s
-        last row (the same arithmetic, up to rounding), at a quarter of its cost on a long prompt.
-        The earlier positions' outputs are never read, so they only write their keys and values (no
-        query, attention output, o_proj or MLP); the last runs the whole layer against them.
+               cache: DraftCache, outputs: int = 1) -> torch.Tensor:
+        """Feed context positions to ``cache`` and return the last ``outputs`` ones' h' [B, outputs, H]:
+        ``forward``'s last rows (the same arithmetic, up to rounding), at a quarter of its cost on a long
+        prompt. The earlier positions' outputs are never read, so they only write their keys and values
+        (no query, attention output, o_proj or MLP); the last ones run the whole layer against them.
 
         input_ids [B, T], hidden [B, T, H], position_ids [B, T], as ``forward`` takes them (no mask:
         the positions are causal after the cache)."""
-        if input_ids.shape[1] > 1:
-            emb = self.embed(input_ids[:, :-1])
-            ctx = hidden[:, :-1].to(emb.dtype)
-            cos, sin = self.rotary_emb(ctx, position_ids[:, :-1])
+        cut = input_ids.shape[1] - min(max(outputs, 1), input_ids.shape[1])
+        if cut > 0:
+            emb = self.embed(input_ids[:, :cut])
+            ctx = hidden[:, :cut].to(emb.dtype)
+            cos, sin = self.rotary_emb(ctx, position_ids[:, :cut])
             self.layer.write_context(self.step_input(emb, ctx), emb, cos, sin, cache)
-        return self(input_ids[:, -1:], hidden[:, -1:], position_ids[:, -1:], cache=cache)
+        return self(input_ids[:, cut:], hidden[:, cut:], position_ids[:, cut:], cache=cache)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V'] draft logits (map indices with ``to_target_ids``)."""

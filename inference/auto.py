@@ -24,12 +24,21 @@ being a plain step.
 
 When even the best k is slower than plain decoding once the drafting is paid for, the next rounds
 skip the drafter (plain steps, its features kept for it), then try it again, waiting twice as long
-each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request tries it at once,
-keeping the wait it had reached). A hybrid's retrieval part drafts every round; its model drafter
+each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request tries it at once, or
+after ``PROBE_AFTER`` rounds when it lost lately, keeping the wait it had reached). A drafter that can
+be tested without a target pass (``Proposer.probe``: EAGLE's and Medusa's first guesses after the
+last ``PROBE_ROWS`` positions, scored against the tokens that followed) is probed before it is tried
+again (greedy decoding): the guesses count as tried depth-1 nodes of their calibration cells, and the
+round drafts only when a chain at their calibrated chance would pay for the drafting seen lately
+(else it sits out longer). A probe costs about one draft level; a try costs the drafting and a wider
+pass, which on text the drafter does not know (measured: translation, copying) is most of what
+"auto" lost against plain decoding. A hybrid's retrieval part drafts every round; its model drafter
 is skipped the same way whenever, with retrieval's candidates at hand, it did not add enough to
 pay for itself (``gate``), counted apart per band of what retrieval alone promises (beside a long,
-confident copy a model drafter seldom adds anything; beside a weak one it may). Verification is
-unchanged, so the output is exactly the target's.
+confident copy a model drafter seldom adds anything; beside a weak one it may); a model part whose
+last try lost is probed first there too, and drafts only when its chain promises more than retrieval
+alone. Probes read only tokens already made, so the shape verified never depends on this round's
+draws. Verification is unchanged, so the output is exactly the target's.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from typing import NamedTuple
 import torch
 
 from headway.inference.cost_curve import CostCurve, OnlineCost
-from headway.inference.proposer import Draft
+from headway.inference.proposer import Draft, Probe, can_probe
 from headway.inference.tree import Tree
 from headway.inference.target_forward import verify_width
 
@@ -53,6 +62,9 @@ BINS = 5  # bands of the drafter's conditional estimate a calibration cell cover
 DEPTHS = 4  # calibration cells per depth 1, 2, 3, and 4 or deeper
 CHEAP_DRAFT = 0.02  # a drafter costing under this share of a step is never skipped (retrieval)
 RETRIEVAL_BANDS = (1.2, 1.6, 2.2)  # retrieval's own tokens per step: a hybrid's model part backs off per band
+COST_DECAY = 0.8  # weight of the past in the drafting cost a round (the last few drafted rounds count)
+PROBE_ROWS = 8  # positions a drafter that lost is tested on (``Proposer.probe``) before a round is tried again
+PROBE_AFTER = 4  # a new request: rounds a drafter that lost lately sits out first (answer tokens to test it on)
 PLAIN_PASSES = 4  # one-token passes timed before t(1)'s correction is trusted; until then every
 PLAIN_EVERY = 8  # PLAIN_EVERY-th round is a plain step, while drafting pays less than
 PLAIN_BELOW = 1.5  # this many tokens per step (above it, t(1)'s error cannot turn the choice)
@@ -99,9 +111,13 @@ class AutoTree:
         # (its tokens per step): beside a long confident copy a model drafter rarely adds anything
         self.model_backoff = [Backoff() for _ in range(len(RETRIEVAL_BANDS) + 1)]
         self.rounds = 0
+        self.made = self.probes = 0  # tokens made in this request (probes test the drafter on them); probes run
         self.rate = 1.0  # the last round's best tokens per step, drafting included
         self._gate: GateRound | None = None  # this round's, when the drafter is a hybrid
         self._draft_steps = 0.0  # this round's drafting time / t(1)
+        # a round's drafting / t(1), averaged over the rounds drafted after a request's first token (the first
+        # one after the prompt's pass also takes in the whole prompt's features); None: none measured yet
+        self.draft_cost: float | None = None
         self.ranked: tuple[list[int], list[float]] = ([0], [1.0])  # the last select's nodes best first, and E(k)
 
     def fork(self, cost, pad_to: int) -> "AutoTree":
@@ -112,9 +128,60 @@ class AutoTree:
         return clone
 
     def reset(self) -> None:
-        """A new generate call: try the drafter at once (keeping how long it waits if it still loses)."""
+        """A new generate call: try the drafter at once (keeping how long it waits if it still loses; one
+        that can be probed is probed once the request has made PROBE_AFTER tokens)."""
         for backoff in (self.drafter_backoff, *self.model_backoff):
             backoff.skip = 0
+        self.made = self.probes = 0  # tokens made in this request; probes run
+
+    def wants_probe(self) -> bool:
+        """This round tries again a drafter whose last try lost: a probe (``probed``) may decide instead."""
+        return self.drafter_backoff.wait > 1
+
+    def probe_first(self, proposer, ctx) -> tuple[bool, bool]:
+        """A round ``should_draft`` lets draft: when it tries again a drafter that lost (greedy, not a hybrid:
+        its gate probes), test the drafter first (``Proposer.probe`` on the tokens made in this request).
+        Returns (whether the round drafts, whether the probe ran: the drafter then took in every feature
+        of ``ctx`` but the root's)."""
+        if proposer.gated or ctx.sampling is not None or not self.wants_probe() or not can_probe(proposer):
+            return True, False
+        if self.made < PROBE_AFTER:  # a new request: test it once it has made a few tokens to test on
+            return False, False
+        found = proposer.probe(ctx, min(PROBE_ROWS, self.made))
+        if found is None:
+            return True, False
+        return self.probed(found, ctx.tokens.shape[0]), True
+
+    def probed(self, probe: Probe, prefix_len: int) -> bool:
+        """Learn from a drafter's probe and say whether the round drafts after all: when a chain of first
+        guesses at their calibrated rate would pay for the drafting seen lately; else it sits out longer."""
+        if self._probe_rate(probe, 0, prefix_len) > 1.0:
+            return True
+        self.drafter_backoff.lost()
+        return False
+
+    def _probe_rate(self, probe: Probe, source: int, prefix_len: int) -> float:
+        """A probe's guesses counted as tried depth-1 nodes of drafter ``source``; the best tokens per step of a
+        chain of k (1 .. DEPTHS) nodes, its first accepted at the probed positions' mean calibrated chance and
+        each deeper one at the share accepted at its depth so far, drafting costing ``draft_cost``."""
+        self.probes += 1
+        chances = []
+        for cond, hit in zip(probe.confidence, probe.hits):
+            stat = self.cells.setdefault((source, 1, min(int(cond * BINS), BINS - 1)), [0.0, 0.0])
+            stat[0] += hit
+            stat[1] += 1
+            chances.append((stat, cond))
+        a = sum((acc + PRIOR_WEIGHT * cond) / (tried + PRIOR_WEIGHT) for (acc, tried), cond in chances) / len(chances)
+        expected, best, reach = 1.0, 0.0, 1.0
+        for k in range(1, DEPTHS + 1):
+            # depth 1: the probe's chance; deeper: the share accepted at that depth in rounds tried (any band),
+            # the probe's chance counted as PRIOR_WEIGHT tries
+            acc, tried = map(sum, zip(*[v for key, v in self.cells.items() if key[:2] == (source, k)] or [(0.0, 0.0)]))
+            reach *= a if k == 1 else (acc + PRIOR_WEIGHT * a) / (tried + PRIOR_WEIGHT)
+            expected += reach
+            steps = self.cost.rel(verify_width(k + 1, self.pad_to), prefix_len, True) + (self.draft_cost or 0.0)
+            best = max(best, expected / steps)
+        return best
 
     def should_draft(self, gated: bool = False) -> bool:
         """Whether to draft this round at all (False: a plain step). ``gated``: the drafter asks ``gate``
@@ -126,17 +193,28 @@ class AutoTree:
             return False  # time a one-token step: t(1) as generation sees it
         return gated or not self.drafter_backoff.take()
 
-    def gate(self, retrieval: Draft, seconds: float, prefix_len: int) -> bool:
+    def gate(self, retrieval: Draft, seconds: float, prefix_len: int, probe=None) -> bool:
         """A hybrid drafter's question: with ``retrieval`` drafted (in ``seconds``, after ``prefix_len``
-        tokens), should its model drafter draft too?"""
-        if retrieval.tree.size == 1:  # nothing retrieved: the model drafter alone decides the round
-            self._gate = GateRound(False, 0.0, not self.drafter_backoff.take(), None)
-        else:
+        tokens), should its model drafter draft too? ``probe(rows)``: its ``Proposer.probe`` (None: sampling, or a
+        drafter without one): a model drafter whose last try lost is tested first (once the request has made
+        PROBE_AFTER tokens), and drafts only when a chain of its first guesses promises more than retrieval alone."""
+        rate, band = 0.0, None
+        if retrieval.tree.size > 1:
             t1 = self.cost.seconds(1, prefix_len)
             rate = self._best(retrieval, prefix_len, seconds / t1)[1]  # retrieval alone, drafting included
             band = bisect.bisect_right(RETRIEVAL_BANDS, rate)
-            self._gate = GateRound(True, rate, not self.model_backoff[band].take(), band)
-        return self._gate.drafted
+        # nothing retrieved: the model drafter alone decides the round
+        backoff = self.drafter_backoff if band is None else self.model_backoff[band]
+        drafted = not backoff.take()
+        if drafted and probe is not None and backoff.wait > 1:
+            found = probe(min(PROBE_ROWS, self.made)) if self.made >= PROBE_AFTER else None
+            beaten = found is not None and self._probe_rate(found, 0, prefix_len) <= max(1.0, rate)
+            if self.made < PROBE_AFTER or beaten:
+                drafted = False
+                if found is not None:
+                    backoff.lost()
+        self._gate = GateRound(band is not None, rate, drafted, band)
+        return drafted
 
     def _conds(self, draft: Draft) -> list[float]:
         """The drafter's own chance of each node given its parent (the root's 1.0).
@@ -216,6 +294,12 @@ class AutoTree:
         """The part of ``draft`` worth verifying this round (the root alone: a plain step)."""
         t1 = self.cost.seconds(1, prefix_len)
         self._draft_steps = draft_seconds / t1
+        model_drafted = self._gate is None or self._gate.drafted  # (a hybrid's retrieval alone costs next to nothing)
+        if self.made > 1 and model_drafted:  # not the round that took in the prompt: what drafting costs a round
+            self.draft_cost = self._draft_steps if self.draft_cost is None else (
+                COST_DECAY * self.draft_cost + (1 - COST_DECAY) * self._draft_steps)
+        elif model_drafted and self.draft_cost is not None:  # the prompt's catch-up is paid once: judge a usual round
+            self._draft_steps = self.draft_cost
         if isinstance(draft.scores, torch.Tensor):  # one read here, not one per use
             draft = dataclasses.replace(draft, scores=draft.score_list())
         keep, self.rate = self._best(draft, prefix_len, self._draft_steps)
@@ -225,6 +309,7 @@ class AutoTree:
                 width: int | None = None) -> None:
         """Learn from a verified round: what its pass cost, which nodes were tried and accepted, and
         whether drafting paid."""
+        self.made += len(path)
         if verify_seconds > 0:
             self.cost.observe(width or draft.tree.size, prefix_len, draft.tree.is_chain, verify_seconds)
         if not drafted:

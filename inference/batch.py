@@ -120,11 +120,16 @@ def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator)
     for row in live:
         did = row.auto is None or row.auto.should_draft(row.proposer.gated)
         row.ranked = None
+        ctx = DraftContext(row.seq[:row.length], row.features, gen.tree, max_new_tokens - row.stats.new_tokens - 1,
+                           sampling, generator, gate=row.auto.gate if row.auto is not None else None,
+                           host_tokens=row.host)
+        if did and row.auto is not None:  # a drafter that lost is tested first (AutoTree.probe_first)
+            did, probed = row.auto.probe_first(row.proposer, ctx)
+            if probed:
+                row.features = row.features[-1:]
+                ctx = dataclasses.replace(ctx, features=row.features)
         drafted.append(did)
         if did:
-            ctx = DraftContext(row.seq[:row.length], row.features, gen.tree, max_new_tokens - row.stats.new_tokens - 1,
-                               sampling, generator, gate=row.auto.gate if row.auto is not None else None,
-                               host_tokens=row.host)
             steps.append(row.proposer.propose_steps(ctx))
     made = iter(run_rows(steps))
     seconds = (time.perf_counter() - t0) / max(1, len(steps))
@@ -309,7 +314,8 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
             total.time_bookkeeping += t3 - t2
             total.batch_passes += 1
     for row in rows:
-        for name in ("new_tokens", "target_forward_passes", "plain_steps", "time_control"):
+        row.stats.probes = row.auto.probes if row.auto is not None else 0
+        for name in ("new_tokens", "target_forward_passes", "plain_steps", "probes", "time_control"):
             setattr(total, name, getattr(total, name) + getattr(row.stats, name))
         total.accepted_per_step += row.stats.accepted_per_step
         total.draft_depth_per_step += row.stats.draft_depth_per_step

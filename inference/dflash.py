@@ -21,7 +21,7 @@ from headway.heads.eagle_layer import DraftCache
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.eagle import EagleProposer
 from headway.inference.expand import expand_static
-from headway.inference.proposer import Draft, DraftContext, DraftRequest, root_only
+from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only
 from headway.inference.tree import Tree, chain
 
 
@@ -64,6 +64,8 @@ class DFlashProposer(EagleProposer):
                 cache.append(k, v)
             self._seen = length - 1
         return self._seen > 0
+
+    probe = Proposer.probe  # none (its catch-up feeds contexts and scores nothing): a round is tried instead
 
     def block_logits(self, ctx: DraftContext, depth: int) -> torch.Tensor:
         """One block at positions L-1 .. L+B-2 -> logits [depth, V'] of slots 1 .. depth (slot k: depth k)."""

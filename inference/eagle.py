@@ -21,7 +21,8 @@ import torch
 
 from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
-from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone
+from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
+                                        run_alone)
 from headway.inference.expand import (DynamicTree, additive_mask, expand_dynamic_tensors, feed_block, grow_dynamic,
                                       grow_static)
 from headway.inference.tree import Tree
@@ -111,6 +112,22 @@ class EagleProposer(Proposer):
         h = head.extend(ids, head.input_hidden(ctx.features)[None], positions, self._cache)  # [1, 1, H]
         self._seen = length - 1
         return h[0, -1]
+
+    @torch.no_grad()
+    def probe(self, ctx: DraftContext, rows: int) -> Probe | None:
+        """The catch-up over all but the root's feature, the last ``rows`` positions run through the whole layer
+        and scored: entry j's guess is x[j+2], known for every j <= L-3 (``Proposer.probe``)."""
+        head, length = self.head, ctx.tokens.shape[0]
+        n = 0 if ctx.features is None else ctx.features.shape[0] - 1  # positions seen .. L-3
+        if n < 1 or rows < 1 or self._seen + n + 1 != length - 1:
+            return None
+        self._cache.crop(self._seen)
+        ids = ctx.tokens[self._seen + 1:length - 1][None]  # [1, n]: x[j+1] paired with f[j]
+        positions = torch.arange(self._seen, length - 2, device=self._device)[None]
+        m = min(rows, n)
+        h = head.extend(ids, head.input_hidden(ctx.features[:-1])[None], positions, self._cache, outputs=m)  # [1, m, H]
+        self._seen = length - 2
+        return first_guesses(few_rows_linear(*head.projection(h[0])), head.to_target_ids, ctx.tokens[length - m:])
 
     @torch.no_grad()
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:

@@ -50,6 +50,7 @@ class GenerationStats:
     accepted_per_step: list[int] = dataclasses.field(default_factory=list)  # tokens produced by each pass
     draft_depth_per_step: list[int] = dataclasses.field(default_factory=list)  # depth of each proposed tree
     verify_width_per_step: list[int] = dataclasses.field(default_factory=list)  # tokens fed to each pass (padded)
+    probes: int = 0  # tree="auto": drafters tested on the tokens made since their last try (Proposer.probe)
     time_prefill: float = 0.0
     time_draft: float = 0.0  # inside the drafter
     time_verify: float = 0.0  # the target's verification forwards
@@ -229,10 +230,14 @@ class SpeculativeGenerator:
                 budget = max_new_tokens - stats.new_tokens
                 t0 = time.perf_counter()
                 drafted = auto is None or auto.should_draft(drafter.gated)
+                ctx = DraftContext(seq[:length], features, self.tree, budget - 1, sampling, generator,
+                                   gate=auto.gate if auto is not None and pending is None else None, host_tokens=host)
+                if drafted and auto is not None and pending is None:  # a drafter that lost is tested first
+                    drafted, probed = auto.probe_first(drafter, ctx)
+                    if probed:  # it took in every feature but the root's
+                        features = features[-1:]
+                        ctx = dataclasses.replace(ctx, features=features)
                 if drafted:
-                    ctx = DraftContext(seq[:length], features, self.tree, budget - 1, sampling, generator,
-                                       gate=auto.gate if auto is not None and pending is None else None,
-                                       host_tokens=host)
                     draft = drafter.propose(ctx) if pending is None else drafter.propose_first(ctx)
                     draft_seconds = time.perf_counter() - t0
                     if auto is not None:
@@ -301,6 +306,7 @@ class SpeculativeGenerator:
                 stats.time_bookkeeping += t3 - t2
                 if hit:
                     break
+        stats.probes = auto.probes if auto is not None else 0
         if streamer is not None:
             streamer.end()
         return SpeculativeOutput(seq[:length][None].clone(), stats)

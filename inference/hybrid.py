@@ -28,7 +28,7 @@ from typing import Generator
 
 import torch
 
-from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, run_alone
+from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, can_probe, run_alone
 from headway.inference.tree import Tree
 
 
@@ -107,7 +107,18 @@ class HybridProposer(Proposer):
             others.append(d.propose(dataclasses.replace(ctx, tree=tree, features=features if d.feature_layers else None)))
         if ctx.gate is not None and others:  # tree="auto": the controller sees retrieval's draft first
             retrieval = merge_drafts(others, self.max_extra_nodes, ids[1:])
-            if not ctx.gate(retrieval, time.perf_counter() - start, ctx.tokens.shape[0]):
+            probed = []
+
+            def probe(rows: int):  # the primary tested on the tokens made lately (it takes in the features)
+                found = primary.probe(dataclasses.replace(ctx, features=features), rows)
+                probed.append(found is not None)
+                return found
+
+            testable = ctx.sampling is None and can_probe(primary)  # greedy: probes judge first guesses
+            go = ctx.gate(retrieval, time.perf_counter() - start, ctx.tokens.shape[0], probe if testable else None)
+            if any(probed):  # every feature but the root's taken in
+                features = features[-1:]
+            if not go:
                 self._pending = features if primary.feature_layers else None  # the primary reads them next time
                 return retrieval
         self._pending = None

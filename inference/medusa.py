@@ -15,7 +15,8 @@ import torch
 
 from headway.heads.target.features import num_layers
 from headway.heads.medusa import MedusaHeads
-from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone
+from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
+                                        run_alone)
 from headway.inference.tree import Tree, load_tree, node_path
 
 DEFAULT_TREE = "tree-15"
@@ -71,6 +72,18 @@ class MedusaProposer(Proposer):
         own = torch.cat([best.values.new_ones(1), best.values.reshape(-1)[index], best.values.new_ones(1)])  # [N + 1]
         scores = own[_path_table(tree, top.device)].prod(-1)  # [N]
         return Draft(tree, tokens, scores=scores)
+
+
+    @torch.no_grad()
+    def probe(self, ctx: DraftContext, rows: int) -> Probe | None:
+        """The first head after each of the last ``rows`` positions but the root's: its guess for x[j+2]
+        (``Proposer.probe``; the heads keep no state, so nothing is taken in)."""
+        n = 0 if ctx.features is None else ctx.features.shape[0] - 1
+        m = min(rows, n)
+        if m < 1:
+            return None
+        hidden = ctx.features[-m - 1:-1].to(next(self.heads.parameters()).dtype)  # [m, H]: positions L-2-m .. L-3
+        return first_guesses(self.heads.head_logits(hidden, 0), self.heads.to_target_ids, ctx.tokens[-m:])
 
 
 class HeadLogits(DraftRequest):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Generator
+from typing import Generator, NamedTuple
 
 import torch
 
@@ -118,6 +118,15 @@ class Proposer:
     def propose(self, ctx: DraftContext) -> Draft:
         raise NotImplementedError
 
+    def probe(self, ctx: DraftContext, rows: int) -> "Probe | None":
+        """tree="auto"'s cheap test of a drafter that sat rounds out (greedy): take in ``ctx.features[:-1]``
+        (as a round's catch-up would: the last feature, the root's, comes again with the next round's) and
+        score the drafter's first guess after each of the last ``rows`` of those positions against the token
+        that did follow (``Probe``). No target pass, no tree: a test costs about one draft level where a
+        round tried costs the drafting and a wider verification. None (the default): no such test, the
+        controller tries a round instead."""
+        return None
+
     def observe_outputs(self, draft: Draft, outputs: list[int]) -> None:
         """(``reads_outputs`` drafters) the verified ``draft`` and the target's greedy token after each of
         its nodes (outputs [N], the logits processors applied), whatever the round accepted."""
@@ -134,6 +143,25 @@ class Proposer:
         prompt and this tree at once): a drafter that reads no target features drafts as usual; one that
         does has none yet and proposes nothing (the pass then yields one token, as generate's prefill)."""
         return root_only(ctx) if self.feature_layers else self.propose(ctx)
+
+
+def can_probe(proposer: Proposer) -> bool:
+    """Whether ``proposer`` has a ``Proposer.probe`` of its own."""
+    return type(proposer).probe is not Proposer.probe
+
+
+class Probe(NamedTuple):
+    """What ``Proposer.probe`` found, a pair of entries per position tested (oldest first)."""
+
+    confidence: list[float]  # the drafter's probability of its first guess (a depth-1 node's own estimate)
+    hits: list[bool]  # whether that guess was the token that followed (a greedy depth-1 node accepted)
+
+
+def first_guesses(logits: torch.Tensor, to_target_ids, followed: torch.Tensor) -> Probe:
+    """A ``Probe`` from a drafter's first-level logits [m, V'] (draft-vocabulary ids mapped with ``to_target_ids``)
+    and the tokens that followed [m]."""
+    conf, top = logits.float().softmax(-1).max(-1)  # [m], [m]
+    return Probe(conf.tolist(), (to_target_ids(top) == followed).tolist())
 
 
 class DraftRequest:

@@ -6,7 +6,7 @@ import torch
 
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from headway.inference import cost_curve as cc
-from headway.inference.auto import DECAY, PLAIN_EVERY, PRIOR_WEIGHT, AutoTree, prune
+from headway.inference.auto import BINS, DECAY, PLAIN_EVERY, PRIOR_WEIGHT, AutoTree, prune
 from headway.inference.proposer import Draft, Proposer, as_proposer
 from headway.inference.tree import Tree
 from tests.inference.eagle_utils import train_eagle
@@ -219,3 +219,149 @@ def test_a_hybrid_whose_model_part_never_pays_still_retrieves_every_round(models
     passes = out.stats.target_forward_passes  # less every PLAIN_EVERY-th: a plain step timing t(1)
     assert lookup.calls >= passes - passes // PLAIN_EVERY, (lookup.calls, passes)
     assert bad.calls < 0.6 * passes, (bad.calls, passes)
+
+
+def _probe_case(models, kind):
+    """(a bound proposer of ``kind``, tokens [L], the target's features [L, F] at its layers)."""
+    from headway.heads.target.features import capture_features
+
+    target = models["target"]
+    proposer = as_proposer(models["eagle3" if kind == "eagle" else "heads"])
+    proposer.bind(target)
+    proposer.reset()
+    tokens = reference_generate(target, torch.tensor([LONG_PROMPT]), 12, eos_token_id=None)[0]  # [L]
+    with torch.no_grad():
+        feats = capture_features(target, tokens[None], proposer.feature_layers)[0]  # [L, F]
+    return proposer, tokens, feats
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_a_probe_scores_the_drafters_first_guesses_against_what_followed(models, kind):
+    """Proposer.probe: the drafter's first guess after each of the last m positions but the root's, its own
+    probability and whether it is the token that followed, as the drafter computes them in a full causal pass."""
+    from headway.inference.proposer import DraftContext
+
+    proposer, tokens, feats = _probe_case(models, kind)
+    length, m = tokens.shape[0], 5
+    ctx = DraftContext(tokens, feats[:length - 1], None, 8, None, None)  # positions 0 .. L-2, the root's last
+    found = proposer.probe(ctx, m)
+    with torch.no_grad():
+        if kind == "eagle":  # entry j pairs f[j] with x[j+1] and guesses x[j+2]
+            head = models["eagle3"]
+            h = head(tokens[None, 1:length - 1], head.input_hidden(feats[None, :length - 2]),
+                     torch.arange(length - 2)[None])[0]  # [L-2, H], causal, no cache
+            logits, to_ids = head.logits(h[-m:]), head.to_target_ids
+        else:  # head 0 at position j guesses x[j+2]
+            heads = models["heads"]
+            logits, to_ids = heads.head_logits(feats[length - 2 - m:length - 2], 0), heads.to_target_ids
+    conf, top = logits.float().softmax(-1).max(-1)
+    assert found.hits == (to_ids(top) == tokens[length - m:]).tolist()
+    torch.testing.assert_close(torch.tensor(found.confidence, dtype=conf.dtype), conf, rtol=1e-6, atol=1e-6)
+
+
+def test_after_a_probe_the_eagle_drafter_drafts_what_it_would_have_drafted(models):
+    """A probe is a catch-up over all but the root's feature: the next round, handed that feature again, drafts
+    the same tree as a drafter that never probed."""
+    from headway.inference.proposer import DraftContext
+
+    probed, tokens, feats = _probe_case(models, "eagle")
+    plain = probed.fork()
+    length = tokens.shape[0]
+    assert probed.probe(DraftContext(tokens, feats[:length - 1], None, 8, None, None), 4) is not None
+    tree = probed.resolve_tree({"depth": 3, "top_k": 2, "total_tokens": 6})
+    with torch.no_grad():
+        a = probed.propose(DraftContext(tokens, feats[length - 2:length - 1], tree, 8, None, None))
+        b = plain.propose(DraftContext(tokens, feats[:length - 1], tree, 8, None, None))
+    assert a.tree.parents == b.tree.parents and torch.equal(a.tokens, b.tokens)
+    torch.testing.assert_close(torch.tensor(a.score_list()), torch.tensor(b.score_list()))
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_a_drafter_that_lost_is_probed_before_it_is_tried_again(models, kind, monkeypatch):
+    """tree="auto" tests a drafter whose last try lost on the tokens made since (no target pass) and tries
+    a round only when the probe says it may pay; the output stays the target's, whichever way each
+    probe goes (forced here: every other probe says try)."""
+    target = models["target"]
+    drafter = models[kind if kind == "eagle3" else "heads"]
+    verdicts = []
+
+    def probed(self, probe, prefix_len, real=AutoTree.probed):
+        real(self, probe, prefix_len)  # learns from it
+        verdicts.append(len(verdicts) % 2 == 0)
+        return verdicts[-1]
+
+    monkeypatch.setattr(AutoTree, "wants_probe", lambda self: True)  # every try after the first is probed
+    monkeypatch.setattr(AutoTree, "probed", probed)
+    gen = SpeculativeGenerator(target, drafter, tree="auto", cost_curve=made_up_curve(0.1))
+    for prompt in (LONG_PROMPT, PROMPT[:4]):
+        ids = torch.tensor([prompt])
+        out = gen.generate(ids, max_new_tokens=24)
+        assert torch.equal(out.sequences, reference_generate(target, ids, 24, eos_token_id=None))
+        assert out.stats.probes >= 5, out.stats.probes
+    assert True in verdicts and False in verdicts
+
+
+def test_probes_keep_a_losing_drafter_from_trying_rounds(models):
+    """Untrained Medusa heads on a costly curve: after the first losing tries, probes stand in for tries, so the
+    rounds verified wider than the root are few and the probes many."""
+    from headway.heads import MedusaHeads
+
+    target = models["target"]
+    heads = MedusaHeads.from_target(target, num_heads=2).double()  # untrained: they guess almost nothing
+    gen = SpeculativeGenerator(target, heads, tree="auto", cost_curve=made_up_curve(0.6, t1=1e-3))
+    tried = probes = passes = 0
+    for prompt in (LONG_PROMPT, PROMPT[:4], PROMPT[2:7]):
+        ids = torch.tensor([prompt])
+        out = gen.generate(ids, max_new_tokens=40)
+        assert torch.equal(out.sequences, reference_generate(target, ids, 40, eos_token_id=None))
+        passes += out.stats.target_forward_passes
+        tried += out.stats.target_forward_passes - out.stats.plain_steps
+        probes += out.stats.probes
+    assert probes >= 3 and tried <= probes, (tried, probes, passes)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_a_hybrids_model_part_is_probed_and_keeps_its_features_in_step(models, kind, monkeypatch):
+    """In a hybrid the gate probes a model part whose last try lost (forced here on every round, the verdicts
+    alternating): probed rounds it sits out keep its last feature for it, rounds it drafts after a probe read
+    only the root's, and the output stays the target's."""
+    from headway.inference import auto
+
+    target = models["target"]
+    verdicts = []
+
+    def rate(self, probe, source, prefix_len, real=AutoTree._probe_rate):
+        real(self, probe, source, prefix_len)
+        verdicts.append(len(verdicts) % 2 == 0)
+        return 100.0 if verdicts[-1] else 0.0
+
+    monkeypatch.setattr(auto.Backoff, "take", lambda self: False)
+    monkeypatch.setattr(auto.Backoff, "paid", lambda self: None)
+    monkeypatch.setattr(auto.Backoff, "__init__", lambda self: setattr(self, "wait", 2) or setattr(self, "skip", 0))
+    monkeypatch.setattr(AutoTree, "_probe_rate", rate)
+    drafter = models[kind if kind == "eagle3" else "heads"]
+    gen = SpeculativeGenerator(target, [drafter, PromptLookup()], tree="auto", cost_curve=made_up_curve(0.1))
+    for prompt in (LONG_PROMPT, PROMPT[:4] * 3):
+        ids = torch.tensor([prompt])
+        out = gen.generate(ids, max_new_tokens=24)
+        assert torch.equal(out.sequences, reference_generate(target, ids, 24, eos_token_id=None))
+        assert out.stats.probes >= 4, out.stats.probes
+    assert True in verdicts and False in verdicts
+
+
+def test_a_probe_decides_by_its_calibrated_first_guesses_and_the_drafting_cost():
+    """Sure, right first guesses where a node costs half a step: try a round; wrong ones (or drafting that costs more than any
+    chain can win back): sit out twice as long. The guesses land in the depth-1 calibration cells."""
+    from headway.inference.proposer import Probe
+
+    right, wrong = Probe([0.95] * 8, [True] * 8), Probe([0.95] * 8, [False] * 8)
+    auto = AutoTree(made_up_curve(0.5))
+    auto.drafter_backoff.lost()
+    assert auto.probed(right, 10) and auto.cells[(0, 1, BINS - 1)] == [8.0, 8.0]
+    auto = AutoTree(made_up_curve(0.5))
+    auto.drafter_backoff.lost()
+    wait = auto.drafter_backoff.wait
+    assert not auto.probed(wrong, 10) and auto.drafter_backoff.wait == 2 * wait
+    auto = AutoTree(made_up_curve(0.5))
+    auto.draft_cost = 5.0  # drafting a round costs five plain steps: no chain of 4 pays for it
+    assert not auto.probed(right, 10)
