@@ -241,7 +241,8 @@ def sampling_setup():
     return target, drafters, joints
 
 
-@pytest.mark.parametrize("drafter, setting", [("draft-tree", "T1"), ("medusa-tree", "T0.7-p0.9"),
+@pytest.mark.parametrize("drafter, setting", [pytest.param("draft-tree", "T1", marks=pytest.mark.slow),
+                                              ("medusa-tree", "T0.7-p0.9"),
                                               ("eagle3-tree", "T1"), ("lookup-chain", "T0.7-p0.9")])
 def test_sampled_rows_follow_the_target_distribution(sampling_setup, drafter, setting):
     target, drafters, joints = sampling_setup

@@ -219,7 +219,8 @@ def test_sampling_wiring_on_the_device(models, wiring_cases, drafter, monkeypatc
     assert rounds >= 3 * 3 and len(calls) == rounds  # every round verified on the device
 
 
-@pytest.mark.parametrize("drafter, setting", [("draft-chain", "T1"), ("medusa-tree", "T0.7-p0.9")])
+@pytest.mark.parametrize("drafter, setting", [pytest.param("draft-chain", "T1", marks=pytest.mark.slow),
+                                              ("medusa-tree", "T0.7-p0.9")])
 def test_sampling_on_the_device_matches_target_end_to_end(setup, drafter, setting, monkeypatch):
     monkeypatch.setattr(SpeculativeGenerator, "device_sampling", True)
     target, drafters, joints = setup
