@@ -92,14 +92,15 @@ EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5",
 DEFAULT_EAGLE_TREES = [name for name in EAGLE_TREES if not name.endswith("-unpruned")]
 
 
-RETRIEVAL = {"lookup": lambda: PromptLookup(), "suffix": lambda: SuffixDecoding(cross_request=False)}
+RETRIEVAL = {"lookup": lambda: [PromptLookup()], "suffix": lambda: [SuffixDecoding(cross_request=False)],
+             "lookup+suffix": lambda: [PromptLookup(), SuffixDecoding(cross_request=False)]}
 
 
 def with_lookup(drafter, lookup) -> list:
     """The drafter alone, and with each retrieval drafter ``lookup`` names (True: prompt lookup) merged into its
     tree (a hybrid): "... + lookup", "... + suffix"."""
     kinds = ("lookup",) if lookup is True else () if not lookup else tuple(lookup)  # True: prompt lookup alone
-    return [("", drafter)] + [(f" + {kind}", [drafter, RETRIEVAL[kind]()]) for kind in kinds]
+    return [("", drafter)] + [(f" + {kind}", [drafter, *RETRIEVAL[kind]()]) for kind in kinds]
 
 
 def eagle_methods(target, folder: str, trees, taken=(), lookup=False) -> dict:
@@ -369,7 +370,7 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="also run each Medusa/EAGLE tree as a hybrid with retrieval merged into it (+ lookup rows)")
     p.add_argument("--hybrid-retrieval", default="lookup",
                    help=f"the retrieval drafters each hybrid row merges, one row each, of {list(RETRIEVAL)} "
-                        "(suffix: suffix decoding within the request)")
+                        "(suffix: suffix decoding within the request; lookup+suffix: both)")
     p.add_argument("--pack-linears", action=argparse.BooleanOptionalAction, default=True,
                    help="float32 CPU target: prepack its linear weights for multi-row passes (verification, prefill; "
                         "one-row plain decoding keeps its kernel), see headway.inference.cpu_gemm; no-op elsewhere")

@@ -24,8 +24,9 @@ being a plain step.
 
 When even the best k is slower than plain decoding once the drafting is paid for, the next rounds
 skip the drafter (plain steps, its features kept for it), then try it again, waiting twice as long
-each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request tries it at once, or
-after ``PROBE_AFTER`` rounds when it lost lately, keeping the wait it had reached). A drafter that can
+each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request tries it at once,
+keeping the wait it had reached, or tests it once it has made ``PROBE_AFTER`` tokens when it can be
+probed and lost lately). A drafter that can
 be tested without a target pass (``Proposer.probe``: EAGLE's and Medusa's first guesses after the
 last ``PROBE_ROWS`` positions, scored against the tokens that followed) is probed before it is tried
 again (greedy decoding): the guesses count as tried depth-1 nodes of their calibration cells, and the

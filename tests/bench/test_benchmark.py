@@ -91,9 +91,12 @@ def test_two_drafters_of_one_version_both_run(tmp_path):
     from headway.inference import SuffixDecoding
 
     table = benchmark.methods(target, None, 0, [str(folders[0])], ["chain-3"], families=("eagle",),
-                              lookup=["lookup", "suffix"])
-    assert list(table)[1:] == ["eagle3 chain-3", "eagle3 chain-3 + lookup", "eagle3 chain-3 + suffix"]
+                              lookup=["lookup", "suffix", "lookup+suffix"])
+    assert list(table)[1:] == ["eagle3 chain-3", "eagle3 chain-3 + lookup", "eagle3 chain-3 + suffix",
+                               "eagle3 chain-3 + lookup+suffix"]
     assert isinstance(table["eagle3 chain-3 + suffix"][1].drafter.drafters[1], SuffixDecoding)
+    both = table["eagle3 chain-3 + lookup+suffix"][1].drafter.drafters  # the model drafter and both retrievals
+    assert [type(d).__name__ for d in both] == ["EagleProposer", "PromptLookup", "SuffixDecoding"]
 
 
 def test_layerskip_peagle_and_dflash_run_their_chains_and_auto_with_identical_outputs(tmp_path, capsys):
