@@ -146,19 +146,26 @@ class AutoTree:
         of ``ctx`` but the root's)."""
         if proposer.gated or ctx.sampling is not None or not self.wants_probe() or not can_probe(proposer):
             return True, False
-        if self.made < PROBE_AFTER:  # a new request: test it once it has made a few tokens to test on
+        return self._retest(lambda rows: proposer.probe(ctx, rows), ctx.tokens.shape[0])
+
+    def _retest(self, probe, prefix_len: int, backoff: Backoff | None = None, bar: float = 1.0) -> tuple[bool, bool]:
+        """A drafter whose last try lost (its ``backoff``: the whole drafter's by default) tested before a round
+        is tried, once the request has made PROBE_AFTER tokens to test it on: ``probe(rows)`` (None: no test,
+        the round is tried). Returns (whether the round drafts, whether the probe ran)."""
+        if self.made < PROBE_AFTER:  # a new request: sit out its first tokens
             return False, False
-        found = proposer.probe(ctx, min(PROBE_ROWS, self.made))
+        found = probe(min(PROBE_ROWS, self.made))
         if found is None:
             return True, False
-        return self.probed(found, ctx.tokens.shape[0]), True
+        return self.probed(found, prefix_len, backoff=backoff, bar=bar), True
 
-    def probed(self, probe: Probe, prefix_len: int) -> bool:
+    def probed(self, probe: Probe, prefix_len: int, backoff: Backoff | None = None, bar: float = 1.0) -> bool:
         """Learn from a drafter's probe and say whether the round drafts after all: when a chain of first
-        guesses at their calibrated rate would pay for the drafting seen lately; else it sits out longer."""
-        if self._probe_rate(probe, 0, prefix_len) > 1.0:
+        guesses at their calibrated rate would make more than ``bar`` tokens per step, drafting paid for;
+        else it sits out longer (``backoff``: the whole drafter's by default)."""
+        if self._probe_rate(probe, 0, prefix_len) > bar:
             return True
-        self.drafter_backoff.lost()
+        (backoff or self.drafter_backoff).lost()
         return False
 
     def _probe_rate(self, probe: Probe, source: int, prefix_len: int) -> float:
@@ -207,13 +214,8 @@ class AutoTree:
         # nothing retrieved: the model drafter alone decides the round
         backoff = self.drafter_backoff if band is None else self.model_backoff[band]
         drafted = not backoff.take()
-        if drafted and probe is not None and backoff.wait > 1:
-            found = probe(min(PROBE_ROWS, self.made)) if self.made >= PROBE_AFTER else None
-            beaten = found is not None and self._probe_rate(found, 0, prefix_len) <= max(1.0, rate)
-            if self.made < PROBE_AFTER or beaten:
-                drafted = False
-                if found is not None:
-                    backoff.lost()
+        if drafted and probe is not None and backoff.wait > 1:  # its chain must beat retrieval alone
+            drafted = self._retest(probe, prefix_len, backoff, max(1.0, rate))[0]
         self._gate = GateRound(band is not None, rate, drafted, band)
         return drafted
 

@@ -97,21 +97,25 @@ class EagleProposer(Proposer):
     def _catch_up(self, ctx: DraftContext) -> torch.Tensor | None:
         """Feed the positions whose features are new to the draft cache; the root's output h' [H] (the
         predicted feature after the root), or None when there is no feature yet (a one-token prompt)."""
-        head, length = self.head, ctx.tokens.shape[0]
+        length = ctx.tokens.shape[0]
         new = 0 if ctx.features is None else ctx.features.shape[0]
         if self._seen + new != length - 1:
             raise RuntimeError(f"EAGLE drafter saw features of {self._seen} positions and got {new} more, "
                                f"but the context has {length - 1} before the root")
-        if new == 0:
-            return None
-        self._cache.crop(self._seen)  # drop the previous round's tree entries
-        ids = ctx.tokens[self._seen + 1:length][None]  # [1, n]: x[j+1] paired with f[j]
-        positions = torch.arange(self._seen, length - 1, device=self._device)[None]
-        # only the last position's output is read: the others just write their keys/values (a long prompt's
-        # catch-up costs a quarter of the full layer over it)
-        h = head.extend(ids, head.input_hidden(ctx.features)[None], positions, self._cache)  # [1, 1, H]
-        self._seen = length - 1
-        return h[0, -1]
+        return self._take_in(ctx.tokens, ctx.features)[-1] if new else None
+
+    def _take_in(self, tokens: torch.Tensor, features: torch.Tensor, outputs: int = 1) -> torch.Tensor:
+        """Drop the previous round's tree entries and feed the next n context positions (``features`` [n, F],
+        each paired with the token after it in ``tokens`` [L]) to the draft cache; the last ``outputs``
+        positions' h' [outputs, H]. Only those run the whole layer: the others just write their keys/values
+        (a long prompt's catch-up costs a quarter of the full layer over it)."""
+        head, n = self.head, features.shape[0]
+        self._cache.crop(self._seen)
+        ids = tokens[self._seen + 1:self._seen + 1 + n][None]  # [1, n]: x[j+1] paired with f[j]
+        positions = torch.arange(self._seen, self._seen + n, device=self._device)[None]
+        h = head.extend(ids, head.input_hidden(features)[None], positions, self._cache, outputs)  # [1, outputs, H]
+        self._seen += n
+        return h[0]
 
     @torch.no_grad()
     def probe(self, ctx: DraftContext, rows: int) -> Probe | None:
@@ -121,13 +125,9 @@ class EagleProposer(Proposer):
         n = 0 if ctx.features is None else ctx.features.shape[0] - 1  # positions seen .. L-3
         if n < 1 or rows < 1 or self._seen + n + 1 != length - 1:
             return None
-        self._cache.crop(self._seen)
-        ids = ctx.tokens[self._seen + 1:length - 1][None]  # [1, n]: x[j+1] paired with f[j]
-        positions = torch.arange(self._seen, length - 2, device=self._device)[None]
         m = min(rows, n)
-        h = head.extend(ids, head.input_hidden(ctx.features[:-1])[None], positions, self._cache, outputs=m)  # [1, m, H]
-        self._seen = length - 2
-        return first_guesses(few_rows_linear(*head.projection(h[0])), head.to_target_ids, ctx.tokens[length - m:])
+        h = self._take_in(ctx.tokens, ctx.features[:-1], outputs=m)  # [m, H]
+        return first_guesses(few_rows_linear(*head.projection(h)), head.to_target_ids, ctx.tokens[length - m:])
 
     @torch.no_grad()
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:

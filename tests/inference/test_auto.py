@@ -285,8 +285,8 @@ def test_a_drafter_that_lost_is_probed_before_it_is_tried_again(models, kind, mo
     drafter = models[kind if kind == "eagle3" else "heads"]
     verdicts = []
 
-    def probed(self, probe, prefix_len, real=AutoTree.probed):
-        real(self, probe, prefix_len)  # learns from it
+    def probed(self, probe, prefix_len, real=AutoTree.probed, **kwargs):
+        real(self, probe, prefix_len, **kwargs)  # learns from it
         verdicts.append(len(verdicts) % 2 == 0)
         return verdicts[-1]
 
