@@ -38,8 +38,9 @@ is skipped the same way whenever, with retrieval's candidates at hand, it did no
 pay for itself (``gate``), counted apart per band of what retrieval alone promises (beside a long,
 confident copy a model drafter seldom adds anything; beside a weak one it may); a model part whose
 last try lost is probed first there too, and drafts only when its chain promises more than retrieval
-alone. Probes read only tokens already made, so the shape verified never depends on this round's
-draws. Verification is unchanged, so the output is exactly the target's.
+alone (a probe that fails sits out its band and the bands above it, whose bar is higher). Probes read
+only tokens already made, so the shape verified never depends on this round's draws. Verification is
+unchanged, so the output is exactly the target's.
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ class Backoff:
 
     def paid(self) -> None:
         self.wait = 1
+
+    def join(self, other: "Backoff") -> None:
+        """Sit out at least as long as ``other``, which just lost on evidence that holds here too."""
+        self.skip, self.wait = max(self.skip, other.skip), max(self.wait, other.wait)
 
 
 class GateRound(NamedTuple):
@@ -215,7 +220,10 @@ class AutoTree:
         backoff = self.drafter_backoff if band is None else self.model_backoff[band]
         drafted = not backoff.take()
         if drafted and probe is not None and backoff.wait > 1:  # its chain must beat retrieval alone
-            drafted = self._retest(probe, prefix_len, backoff, max(1.0, rate))[0]
+            drafted, probed = self._retest(probe, prefix_len, backoff, max(1.0, rate))
+            if probed and not drafted:  # the probe judged the drafter, not the band: a band that asks more
+                for higher in self.model_backoff[0 if band is None else band + 1:]:  # would have failed it too
+                    higher.join(backoff)
         self._gate = GateRound(band is not None, rate, drafted, band)
         return drafted
 

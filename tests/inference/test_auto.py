@@ -365,3 +365,27 @@ def test_a_probe_decides_by_its_calibrated_first_guesses_and_the_drafting_cost()
     auto = AutoTree(made_up_curve(0.5))
     auto.draft_cost = 5.0  # drafting a round costs five plain steps: no chain of 4 pays for it
     assert not auto.probed(right, 10)
+
+
+@pytest.mark.parametrize("band", [None, 1])
+def test_a_failed_probe_in_a_hybrid_also_backs_off_the_bands_that_ask_more(band):
+    """The gate's probe judges the model drafter, and a band of stronger retrieval only raises the bar its chain
+    must clear: a probe that fails in one band sits out that band and every band above it, not the ones below."""
+    from headway.inference.auto import PROBE_AFTER, RETRIEVAL_BANDS
+    from headway.inference.proposer import Probe
+
+    auto = AutoTree(made_up_curve(0.5))
+    auto.made = PROBE_AFTER
+    rate = 0.0 if band is None else (RETRIEVAL_BANDS[band - 1] + RETRIEVAL_BANDS[band]) / 2
+    auto._best = lambda draft, prefix_len, steps: ([0, 1], rate)  # retrieval alone in the band asked for
+    asked = auto.drafter_backoff if band is None else auto.model_backoff[band]
+    asked.lost()
+    asked.take()  # its wait is over: the gate probes before it tries a round
+    retrieval = Draft(Tree([-1, 0]), torch.tensor([1, 2])) if band is not None else Draft(Tree([-1]), torch.tensor([1]))
+    wrong = Probe([0.95] * 8, [False] * 8)
+    assert not auto.gate(retrieval, 0.0, 10, probe=lambda rows: wrong)
+    assert auto.probes == 1 and asked.wait == 4 and asked.skip == 2
+    higher = auto.model_backoff if band is None else auto.model_backoff[band + 1:]
+    lower = [] if band is None else [auto.drafter_backoff, *auto.model_backoff[:band]]
+    assert all((b.skip, b.wait) == (2, 4) for b in higher)
+    assert all((b.skip, b.wait) == (0, 1) for b in lower)
