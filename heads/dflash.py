@@ -30,7 +30,7 @@ from headway.heads.base import Drafter, DraftVocabulary, check_target_compatible
 from headway.heads.eagle import EagleConfig, Fp32Rope, target_layer_fields
 from headway.heads.eagle_layer import DraftCache, _expand_kv
 from headway.heads.peagle import default_mask_token
-from headway.heads.target.features import final_norm, num_layers
+from headway.heads.target.features import check_depth, final_norm, num_layers
 
 DEFAULT_BLOCK_SIZE = 8  # B: the anchor and 7 mask slots (speculators' default; z-lab ships 10 and 16)
 
@@ -182,11 +182,8 @@ class DFlashHead(Fp32Rope, DraftVocabulary, Drafter):
 
     def check_target(self, target_model) -> None:
         check_target_compatible(self.config, target_model.config)
-        depth = num_layers(target_model)
-        if depth != self.config.num_target_layers:
-            raise ValueError(f"this DFlash drafter was built for a target with {self.config.num_target_layers} layers "
-                             f"(features {self.config.feature_layers}) but the target has {depth}; "
-                             "train or load a drafter made for this target")
+        check_depth(target_model, self.config.num_target_layers,
+                    f"this DFlash drafter (features {self.config.feature_layers}) was built for")
 
     def validate(self) -> None:
         self.check_draft_vocab()

@@ -32,7 +32,7 @@ from torch import nn
 
 from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary, check_target_compatible
 from headway.heads.eagle_layer import DraftCache, Eagle3Layer, EagleLayer, TTTKeys
-from headway.heads.target.features import check_feature_layers, num_layers
+from headway.heads.target.features import check_depth, check_feature_layers
 
 
 def default_feature_layers(version: int, depth: int) -> list[int]:
@@ -247,11 +247,8 @@ class EagleHead(Fp32Rope, DraftVocabulary, Drafter):
 
     def check_target(self, target_model) -> None:
         check_target_compatible(self.config, target_model.config)
-        depth = num_layers(target_model)
-        if depth != self.config.num_target_layers:
-            raise ValueError(f"this EAGLE drafter was built for a target with {self.config.num_target_layers} layers "
-                             f"(features {self.config.feature_layers}) but the target has {depth}; "
-                             "train or load a drafter made for this target")
+        check_depth(target_model, self.config.num_target_layers,
+                    f"this EAGLE drafter (features {self.config.feature_layers}) was built for")
 
     def validate(self) -> None:
         self.check_draft_vocab()

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from headway.heads.base import DraftVocabulary, Drafter, DrafterConfig, check_target_compatible
-from headway.heads.target.features import decoder_layers, final_norm, num_layers
+from headway.heads.target.features import check_depth, decoder_layers, final_norm
 
 DEFAULT_EXIT_FRACTION = 0.9  # exit_layer = round(L x this) when unset: the sweep (BENCHMARKS.md) put 27 of 30 (top-1
 # 0.70, tau 2.0-3.0) far above 15 (0.34) and 2 (0.23) on SmolLM2-135M
@@ -125,11 +125,8 @@ class LayerSkipHead(DraftVocabulary, Drafter):
 
     def check_target(self, target_model) -> None:
         check_target_compatible(self.config, target_model.config)
-        depth = num_layers(target_model)
-        if depth != self.config.num_target_layers:
-            raise ValueError(f"this LayerSkip drafter exits at layer {self.config.exit_layer} of a target with "
-                             f"{self.config.num_target_layers} layers, but the target has {depth}; train or load a "
-                             "drafter made for this target")
+        check_depth(target_model, self.config.num_target_layers,
+                    f"this LayerSkip drafter exits at layer {self.config.exit_layer} of")
         check_llama_style(target_model)
 
     def projection(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

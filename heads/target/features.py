@@ -25,6 +25,15 @@ def num_layers(model) -> int:
     return _text_config(model).num_hidden_layers
 
 
+def check_depth(model, layers: int, drafter: str) -> None:
+    """Raise ValueError when ``model`` has not the ``layers`` decoder layers ``drafter`` (its description, e.g.
+    "this EAGLE drafter was built for") was made for."""
+    depth = num_layers(model)
+    if depth != layers:
+        raise ValueError(f"{drafter} a target with {layers} layers, but the target has {depth}; "
+                         "train or load a drafter made for this target")
+
+
 def _decoder(model):
     base = model.get_decoder() if hasattr(model, "get_decoder") else None
     if base is None:
