@@ -19,19 +19,25 @@ import torch
 from headway.heads.dflash import DFlashHead
 from headway.heads.eagle_layer import DraftCache
 from headway.inference.cpu_gemm import few_rows_linear
-from headway.inference.eagle import EagleProposer
+from headway.inference.eagle import bind_head
 from headway.inference.expand import expand_static
 from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only
 from headway.inference.tree import Tree, chain
 
 
-class DFlashProposer(EagleProposer):
-    """Wraps a ``DFlashHead``; default tree: a chain of its ``block_size - 1`` tokens."""
+class DFlashProposer(Proposer):
+    """Wraps a ``DFlashHead``; default tree: a chain of its ``block_size - 1`` tokens. It has no ``probe``
+    (its catch-up feeds contexts and scores nothing): under ``tree="auto"`` a round is tried instead."""
 
     def __init__(self, head: DFlashHead):
-        super().__init__(head)
+        self.head = head.eval()
+        self.feature_layers = list(head.config.feature_layers)
         self.block = head.config.block_size
+        self._device = torch.device("cpu")
         self.reset()
+
+    def bind(self, target_model) -> None:
+        self._device = bind_head(self.head, target_model)
 
     def reset(self) -> None:
         self._caches = [DraftCache() for _ in self.head.layers]  # per draft layer: the context's k/v
@@ -39,9 +45,6 @@ class DFlashProposer(EagleProposer):
 
     def default_tree(self) -> Tree:
         return chain(self.block - 1)
-
-    def resolve_tree(self, spec):
-        return super(EagleProposer, self).resolve_tree(spec)  # a static tree only (no EAGLE-2 settings)
 
     def check_tree(self, tree: Tree) -> None:
         if tree.depth > self.block - 1:
@@ -64,8 +67,6 @@ class DFlashProposer(EagleProposer):
                 cache.append(k, v)
             self._seen = length - 1
         return self._seen > 0
-
-    probe = Proposer.probe  # none (its catch-up feeds contexts and scores nothing): a round is tried instead
 
     def block_logits(self, ctx: DraftContext, depth: int) -> torch.Tensor:
         """One block at positions L-1 .. L+B-2 -> logits [depth, V'] of slots 1 .. depth (slot k: depth k)."""

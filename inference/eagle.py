@@ -35,6 +35,22 @@ CPU_DYNAMIC = DynamicTree(depth=3, top_k=4, total_tokens=7)
 GPU_DYNAMIC = DynamicTree(depth=6, top_k=10, total_tokens=60)
 
 
+def bind_head(head, target_model) -> torch.device:
+    """Bind a drafter that reads the target's features and rotates its own positions (EAGLE, DFlash) to
+    ``target_model`` (``head.bind_target``: ValueError naming both values on a mismatch) and move it to the
+    target's device and dtype, once; returns the device."""
+    head.bind_target(target_model)
+    p = next(target_model.parameters())
+    if next(head.parameters()).device != p.device or next(head.parameters()).dtype != p.dtype:
+        # once, here: never a per-step weight copy. RoPE frequencies stay fp32 (as trained): in bf16
+        # they would shift relative angles by radians at long distances
+        rope = {n: b.float() for n, b in head.rotary_emb.named_buffers(recurse=False)}
+        head.to(p.device, p.dtype)
+        for name, buf in rope.items():
+            head.rotary_emb._buffers[name] = buf.to(p.device)  # the bound target tensors need no re-bind
+    return p.device
+
+
 class EagleProposer(Proposer):
     """Wraps an ``EagleHead``; default tree: EAGLE-2 dynamic (CPU- or GPU-sized).
 
@@ -54,16 +70,7 @@ class EagleProposer(Proposer):
         self._device = torch.device("cpu")
 
     def bind(self, target_model) -> None:
-        self.head.bind_target(target_model)  # ValueError naming both values on a mismatch
-        p = next(target_model.parameters())
-        self._device = p.device
-        if next(self.head.parameters()).device != p.device or next(self.head.parameters()).dtype != p.dtype:
-            # once, here: never a per-step weight copy. RoPE frequencies stay fp32 (as trained): in bf16
-            # they would shift relative angles by radians at long distances
-            rope = {n: b.float() for n, b in self.head.rotary_emb.named_buffers(recurse=False)}
-            self.head.to(p.device, p.dtype)
-            for name, buf in rope.items():
-                self.head.rotary_emb._buffers[name] = buf.to(p.device)  # the bound target tensors need no re-bind
+        self._device = bind_head(self.head, target_model)
 
     def default_tree(self):
         return GPU_DYNAMIC if self._device.type == "cuda" else CPU_DYNAMIC
