@@ -36,18 +36,14 @@ GPU_DYNAMIC = DynamicTree(depth=6, top_k=10, total_tokens=60)
 
 
 def bind_head(head, target_model) -> torch.device:
-    """Bind a drafter that reads the target's features and rotates its own positions (EAGLE, DFlash) to
-    ``target_model`` (``head.bind_target``: ValueError naming both values on a mismatch) and move it to the
-    target's device and dtype, once; returns the device."""
+    """Bind a drafter that reads the target's features (EAGLE, DFlash) to ``target_model`` (``head.bind_target``:
+    ValueError naming both values on a mismatch) and move it to the target's device and dtype, once (never a
+    per-step weight copy); returns the device. Its RoPE frequencies stay float32 through the move (the heads'
+    ``Fp32Rope``: in bf16 they would shift relative angles by radians at long distances)."""
     head.bind_target(target_model)
     p = next(target_model.parameters())
     if next(head.parameters()).device != p.device or next(head.parameters()).dtype != p.dtype:
-        # once, here: never a per-step weight copy. RoPE frequencies stay fp32 (as trained): in bf16
-        # they would shift relative angles by radians at long distances
-        rope = {n: b.float() for n, b in head.rotary_emb.named_buffers(recurse=False)}
-        head.to(p.device, p.dtype)
-        for name, buf in rope.items():
-            head.rotary_emb._buffers[name] = buf.to(p.device)  # the bound target tensors need no re-bind
+        head.to(p.device, p.dtype)  # the bound target tensors need no re-bind
     return p.device
 
 

@@ -13,8 +13,9 @@ first: a candidate's score is the product of its empirical next-token frequencie
 ``max_spec_factor`` x the match length nodes are kept (a long match earns a wide tree; a one-token
 match a small one), as SuffixDecoding does. headway's default factor is 2 where ArcticInference's is 1:
 under ``tree="auto"``, which trims what does not pay, 2 raised tau on every task group (+0.01..+0.22)
-and ran 1-7% faster on six, within noise on the other two (BENCHMARKS.md). The per-request trie and the cross-request cache each
-propose a tree; the one with the larger expected accepted length (the sum of its scores) is used.
+and ran 1-7% faster on six, within noise on the other two (BENCHMARKS.md). The per-request trie and
+the cross-request cache each propose a tree; the one with the larger expected accepted length (the sum
+of its scores) is used.
 Candidates are deterministic, so verification is exact greedy or exact rejection sampling.
 """
 
