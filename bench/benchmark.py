@@ -103,8 +103,8 @@ def with_lookup(drafter, lookup) -> list:
     return [("", drafter)] + [(f" + {kind}", [drafter, *RETRIEVAL[kind]()]) for kind in kinds]
 
 
-def eagle_methods(target, folder: str, trees, taken=(), lookup=False) -> dict:
-    """One method per tree. A drafter whose label is already ``taken`` (another drafter of the same
+def eagle_methods(target, folder: str, trees, taken=(), lookup=False, graphs_off=False) -> dict:
+    """One method per tree (``graphs_off``: each also without CUDA graphs, "... no graphs", side by side). A drafter whose label is already ``taken`` (another drafter of the same
     version) is labelled with its folder's name too, or with the whole path where that is taken as well
     or the folder's name is the label itself (two runs' ``eagle3`` folders)."""
     head = load_drafter(folder)
@@ -113,12 +113,16 @@ def eagle_methods(target, folder: str, trees, taken=(), lookup=False) -> dict:
     # a folder named like the label itself ("outputs/x/eagle3") tells nothing: its whole path then
     candidates = (version, *([f"{version} ({base})"] if base != version else []), f"{version} ({folder})")
     label = next((c for c in candidates if not any(name.startswith(c + " ") for name in taken)), candidates[-1])
-    return {f"{label} {name}{suffix}": ("headway", SpeculativeGenerator(target, drafter, tree=EAGLE_TREES[name]))
-            for name in trees for suffix, drafter in with_lookup(head, lookup)}
+    out = {f"{label} {name}{suffix}": ("headway", SpeculativeGenerator(target, drafter, tree=EAGLE_TREES[name]))
+           for name in trees for suffix, drafter in with_lookup(head, lookup)}
+    if graphs_off:
+        out.update({f"{label} {name} no graphs": ("headway", SpeculativeGenerator(
+            target, head, tree=EAGLE_TREES[name], cuda_graphs=False)) for name in trees})
+    return out
 
 
 def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eagle_trees=tuple(DEFAULT_EAGLE_TREES),
-            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup=False, one_pass=None) -> dict:
+            medusa_trees=MEDUSA_TREES, families=FAMILIES, lookup=False, one_pass=None, graphs_off=False) -> dict:
     """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator), for the chosen families;
     ``lookup``: each trained drafter also as a hybrid with prompt lookup ("... + lookup"; True) or with each
     retrieval drafter named (("lookup", "suffix"): "... + suffix" merges suffix decoding); ``one_pass``: {kind: folders}
@@ -148,7 +152,7 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
             for suffix, drafter in with_lookup(heads, lookup):
                 out[f"medusa {tree}{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree=tree))
     for folder in eagle_dirs if "eagle" in families else ():
-        out.update(eagle_methods(target, folder, eagle_trees, out, lookup))
+        out.update(eagle_methods(target, folder, eagle_trees, out, lookup, graphs_off))
     for kind, folders in (one_pass or {}).items():  # their own chain, and cut per round
         for folder in folders if kind in families else ():
             head = load_drafter(folder)
@@ -374,6 +378,9 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--pack-linears", action=argparse.BooleanOptionalAction, default=True,
                    help="float32 CPU target: prepack its linear weights for multi-row passes (verification, prefill; "
                         "one-row plain decoding keeps its kernel), see headway.inference.cpu_gemm; no-op elsewhere")
+    p.add_argument("--graphs-off", action="store_true",
+                   help="also run each EAGLE tree without CUDA graphs (cuda_graphs=False; on a GPU they are on by "
+                        "default), side by side: '... no graphs' rows")
     p.add_argument("--out", default=str(Path("outputs", "benchmark")))
     return p
 
@@ -414,7 +421,7 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     table = methods(target, heads_dir, args.draft_layers, eagle_dirs, eagle_trees,
                     [t for t in args.medusa_trees.split(",") if t], families,
                     args.lookup and [k for k in args.hybrid_retrieval.split(",") if k],
-                    {kind: getattr(args, kind) for kind in ONE_PASS_KINDS if kind in families})
+                    {kind: getattr(args, kind) for kind in ONE_PASS_KINDS if kind in families}, args.graphs_off)
     device = next(target.parameters()).device
     for kind, method in table.values():  # tree="auto": the cost curve is measured (once, cached) before any timing
         if kind == "headway":

@@ -30,7 +30,11 @@ def write_slots(buffer: torch.Tensor | None, start: int, new: torch.Tensor, capa
 
 class DraftCache:
     """The drafter's own key/value cache (one layer): ``[B, Hkv, S, D]`` views of buffers that double when
-    full (an append writes its new slots only, never copies the cache), cropped on roll-back."""
+    full (an append writes its new slots only, never copies the cache), cropped on roll-back.
+
+    ``slots`` (a [T] long tensor, normally None) makes ``append`` write its T entries at those slots and return
+    the whole buffers: a step with fixed shapes whatever the length (a CUDA graph's, ``inference.graphs``), which
+    masks the slots it must not see and moves the length itself (``advance``)."""
 
     FIRST = 128  # slots of the first buffer
 
@@ -38,6 +42,32 @@ class DraftCache:
         self._keys: torch.Tensor | None = None  # [B, Hkv, capacity, D]
         self._values: torch.Tensor | None = None
         self._length = 0
+        self.slots: torch.Tensor | None = None
+
+    @classmethod
+    def reusing(cls, other: "DraftCache") -> "DraftCache":
+        """An empty cache on ``other``'s buffers (a captured step keeps writing where it was captured)."""
+        out = cls()
+        out._keys, out._values = other._keys, other._values
+        return out
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._keys is None else self._keys.shape[2]
+
+    def reserve(self, size: int) -> None:
+        """Make room for ``size`` slots (doubling, the first ``len`` kept); needs a first append."""
+        if self._keys is not None and self.capacity < size:
+            size = max(size, 2 * self.capacity)
+            for name in ("_keys", "_values"):
+                old = getattr(self, name)  # [B, Hkv, C, D]
+                grown = old.new_empty(old.shape[0], old.shape[1], size, old.shape[3])
+                grown[:, :, :self._length] = old[:, :, :self._length]
+                setattr(self, name, grown)
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` entries written through ``slots`` right after the cached ones."""
+        self._length += n
 
     @property
     def keys(self) -> torch.Tensor | None:
@@ -51,6 +81,10 @@ class DraftCache:
         return self._length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.slots is not None:  # k, v: [B, Hkv, T, D] at slots [T]; the whole buffers returned
+            self._keys.index_copy_(2, self.slots, k)
+            self._values.index_copy_(2, self.slots, v)
+            return self._keys, self._values
         self._keys = write_slots(self._keys, self._length, k, self.FIRST)
         self._values = write_slots(self._values, self._length, v, self.FIRST)
         self._length += k.shape[2]

@@ -39,6 +39,9 @@ class DFlashProposer(Proposer):
     def bind(self, target_model) -> None:
         self._device = bind_head(self.head, target_model)
 
+    def use_graphs(self, backend, strict: bool = False) -> str | None:
+        return "DFlash's block pass is not captured in a graph (its context grows every round)"
+
     def reset(self) -> None:
         self._caches = [DraftCache() for _ in self.head.layers]  # per draft layer: the context's k/v
         self._seen = 0  # context positions in the caches (0 .. seen-1)

@@ -110,6 +110,9 @@ class DraftModelProposer(Proposer):
             return DynamicTree.from_spec(spec)
         return super().resolve_tree(spec)
 
+    def use_graphs(self, backend, strict: bool = False) -> str | None:
+        return "the draft model's step is not captured in a graph (a transformers model over a growing cache)"
+
     def reset(self) -> None:
         self._cache = new_cache(self.model)
         self._cached = 0

@@ -15,6 +15,7 @@ EAGLE-2 dynamic settings ``{"depth", "top_k", "total_tokens"}`` (the default).
 
 from __future__ import annotations
 
+import copy
 from typing import Generator
 
 import torch
@@ -23,6 +24,7 @@ from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
                                         run_alone)
+from headway.inference.graphs import EagleStepGraphs
 from headway.inference.expand import (DynamicTree, additive_mask, expand_dynamic_tensors, feed_block, grow_dynamic,
                                       grow_static)
 from headway.inference.tree import Tree
@@ -64,6 +66,7 @@ class EagleProposer(Proposer):
         self._cache = DraftCache()
         self._seen = 0  # context entries in the draft cache (positions 0 .. seen-1)
         self._device = torch.device("cpu")
+        self._graphs: EagleStepGraphs | None = None  # a tree level's step captured per width (CUDA graphs)
 
     def bind(self, target_model) -> None:
         self._device = bind_head(self.head, target_model)
@@ -81,9 +84,23 @@ class EagleProposer(Proposer):
     def check_tree(self, tree: Tree) -> None:
         tree.validate(top_k=self.head.config.output_size)
 
-    def reset(self) -> None:
+    def use_graphs(self, backend, strict: bool = False) -> str | None:
+        """Capture each single-row tree level (a static tree's, a dynamic tree's) per width with ``backend``
+        (``inference.graphs``); the catch-up, the root's projection and a batch's stacked levels stay eager."""
+        self._graphs = EagleStepGraphs(self.head, backend, strict)
         self._cache = DraftCache()
+        return None
+
+    def reset(self) -> None:
+        # the captured levels write into the cache's buffers: a new request keeps them
+        self._cache = DraftCache() if self._graphs is None else DraftCache.reusing(self._cache)
         self._seen = 0
+
+    def fork(self) -> "EagleProposer":
+        clone = copy.copy(self)
+        clone._graphs, clone._cache = None, DraftCache()  # a batch row: its own buffers, its levels stacked
+        clone.reset()
+        return clone
 
     def _widen(self, q: torch.Tensor) -> torch.Tensor:
         # [V'] draft-vocabulary distribution -> [V] over target ids
@@ -175,15 +192,25 @@ class EagleProposer(Proposer):
 
         def rows_feed(tokens: torch.Tensor, parent_rows: torch.Tensor, depth: int, allowed: torch.Tensor):
             r = tokens.shape[0]
-            mask = additive_mask(~allowed, self._seen, root_h.dtype)  # [1, 1, R, seen + F + R]
             hid = last[0][parent_rows.clamp(min=0)]  # [R, H] (-1: the root, row 0 of the first "feed")
-            pos = torch.full((1, r), length - 2 + depth, dtype=torch.long, device=device)
-            last[0] = head(tokens[None], hid[None], pos, attention_mask=mask, cache=self._cache)[0]  # [R, H]
+            pos = torch.full((r,), length - 2 + depth, dtype=torch.long, device=device)
+            graphed = self._level_graphed(tokens, hid, pos, ~allowed)
+            if graphed is not None:
+                last[0], logits = graphed
+                return logits
+            mask = additive_mask(~allowed, self._seen, root_h.dtype)  # [1, 1, R, seen + F + R]
+            last[0] = head(tokens[None], hid[None], pos[None], attention_mask=mask, cache=self._cache)[0]  # [R, H]
             return few_rows_linear(*head.projection(last[0]))  # [R, V']
 
         draft = expand_dynamic_tensors(tree, ctx.max_depth, ctx.root_token, root_logits, rows_feed, head.to_target_ids)
         self._cache.crop(self._seen)
         return draft
+
+    def _level_graphed(self, tokens, hidden, positions, blocked):
+        """A single-row tree level through the captured step (``EagleStepGraphs.level``); None: run it eagerly."""
+        if self._graphs is None:
+            return None
+        return self._graphs.level(self._cache, tokens, hidden, positions, blocked, self._seen)
 
 
 class Project(DraftRequest):
@@ -213,6 +240,9 @@ class Feed(DraftRequest):
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
         p, head = self.proposer, self.proposer.head
+        graphed = p._level_graphed(self.tokens, self.hidden, self.positions, self.blocked)
+        if graphed is not None:
+            return graphed
         mask = additive_mask(self.blocked, p._seen, self.hidden.dtype)  # [1, 1, R, seen + F + R]
         out = head(self.tokens[None], self.hidden[None], self.positions[None], attention_mask=mask,
                    cache=p._cache)[0]  # [R, H]

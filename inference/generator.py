@@ -27,6 +27,7 @@ import torch
 from headway.heads.target.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
 from headway.inference.proposer import Draft, DraftContext, as_proposer, check_draft, root_draft
+from headway.inference.graphs import CaptureError, resolve_backend
 from headway.inference.kv_cache import CACHE_SLACK, compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree, node_path
@@ -119,19 +120,30 @@ class SpeculativeGenerator:
             4 (MKL's 2-3 row GEMMs on a CPU cost more than 4 rows), or 1 when the target's linears
             are prepacked (``pack_linears``: there 2-3 rows cost less than 4).
         typical_threshold, typical_alpha: Medusa's epsilon and delta for acceptance="typical".
+        cuda_graphs: capture the drafter's tree levels in CUDA graphs, one per width, replayed every later round
+            (headway.inference.graphs; an EAGLE drafter's single-row levels). None (default): on a CUDA device,
+            a step that fails to capture runs eagerly (logged once); True: asked for, so a drafter whose step
+            cannot be captured is an error naming it (a no-op off CUDA); False: never. Outputs are the same
+            either way (the verification is exact; the draft's numbers move only by rounding).
     """
 
     device_sampling: bool | None = None
 
     def __init__(self, target_model, drafter, tree="auto", acceptance: str = "exact", *, pad_to: int | None = None,
                  typical_threshold: float = 0.09, typical_alpha: float = 0.3, cost_curve=None,
-                 refresh_cost: bool = False):
+                 refresh_cost: bool = False, cuda_graphs: bool | None = None):
         if acceptance not in ACCEPTANCE:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r} ('typical' is lossy)")
         check_attention(target_model)
         self.target = target_model
         self.drafter = as_proposer(drafter)
         self.drafter.bind(target_model)
+        self.cuda_graphs = cuda_graphs  # as asked (None: on CUDA)
+        backend, strict = resolve_backend(cuda_graphs, self.device)
+        if backend is not None:
+            why = self.drafter.use_graphs(backend, strict)
+            if why and strict:
+                raise CaptureError(f"cuda_graphs=True: {why}; pass cuda_graphs=None to capture what can be")
         self.auto = isinstance(tree, str) and tree == "auto"
         self._controller, self._curve, self._refresh = None, cost_curve, refresh_cost
         # a static Tree, or what the drafter makes of the spec (auto: the drafter's default, pruned per round)

@@ -83,6 +83,10 @@ class HybridProposer(Proposer):
             d.reset()
         self._pending = None  # features of rounds the primary sat out (tree="auto"), oldest first
 
+    def use_graphs(self, backend, strict: bool = False) -> str | None:
+        why = [w for w in (d.use_graphs(backend, strict) for d in self.drafters) if w]
+        return "; ".join(why) or None
+
     def fork(self) -> "HybridProposer":
         clone = copy.copy(self)
         clone.drafters = [d.fork() for d in self.drafters]

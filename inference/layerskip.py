@@ -57,6 +57,9 @@ class LayerSkipProposer(Proposer):
         self._target = None
         self._cache = None
 
+    def use_graphs(self, backend, strict: bool = False) -> str | None:
+        return "LayerSkip's early layers are not captured in a graph (they write the target's growing cache)"
+
     def bind(self, target_model) -> None:
         self.head.check_target(target_model)
         self.head.to(device=next(target_model.parameters()).device, dtype=target_model.dtype)

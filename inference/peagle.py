@@ -33,6 +33,9 @@ class PEagleProposer(EagleProposer):
     def default_tree(self) -> Tree:
         return chain(self.depths)
 
+    def use_graphs(self, backend, strict: bool = False) -> str | None:
+        return "P-EAGLE's one-pass draft is not captured in a graph (its block grows with the round's depth)"
+
     def resolve_tree(self, spec):
         return super(EagleProposer, self).resolve_tree(spec)  # a static tree only (no EAGLE-2 settings)
 

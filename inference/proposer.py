@@ -107,6 +107,13 @@ class Proposer:
     def reset(self) -> None:
         """Forget any per-sequence state (a new ``generate`` call starts)."""
 
+    def use_graphs(self, backend, strict: bool = False) -> str | None:
+        """Capture the drafter's fixed-width model steps with ``backend`` (CUDA graphs, ``inference.graphs``;
+        ``strict``: a step that fails to capture raises instead of running eagerly). None: done, or nothing
+        worth capturing (retrieval drafters; Medusa's one product a round); else why its step cannot be
+        captured (one line)."""
+        return None
+
     def fork(self) -> "Proposer":
         """A proposer for one more sequence beside this one (a batch's row): the same modules and settings,
         its own per-sequence state. The default copies the attributes and resets the copy, which suits a

@@ -21,7 +21,7 @@ STAGES=${*:-install tests data cost medusa eagle3 bench bench32}
 STEPS=${GPU_CHECK_STEPS:-300}
 DEV=${GPU_CHECK_DEVICE:-cuda}  # cpu: a dry run of the script itself (GPU_CHECK_STEPS, _COST and _BENCH small)
 COST=${GPU_CHECK_COST:---prefix 512}
-BENCH=${GPU_CHECK_BENCH:---prompts 3 --copy-prompts 2 --max-new-tokens 96 --methods lookup,medusa,eagle --eagle-trees chain-4,tree-7,dynamic --medusa-trees tree-15}
+BENCH=${GPU_CHECK_BENCH:---prompts 3 --copy-prompts 2 --max-new-tokens 96 --methods lookup,medusa,eagle --eagle-trees chain-4,tree-7,dynamic --medusa-trees tree-15 --graphs-off}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY=${PY:-python3}

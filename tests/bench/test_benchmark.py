@@ -97,6 +97,11 @@ def test_two_drafters_of_one_version_both_run(tmp_path):
     assert isinstance(table["eagle3 chain-3 + suffix"][1].drafter.drafters[1], SuffixDecoding)
     both = table["eagle3 chain-3 + lookup+suffix"][1].drafter.drafters  # the model drafter and both retrievals
     assert [type(d).__name__ for d in both] == ["EagleProposer", "PromptLookup", "SuffixDecoding"]
+    # --graphs-off: each tree also without CUDA graphs, side by side (the rows above keep the CUDA default)
+    table = benchmark.methods(target, None, 0, [str(folders[0])], ["chain-3", "tree-7"], families=("eagle",),
+                              graphs_off=True)
+    assert list(table)[1:] == ["eagle3 chain-3", "eagle3 tree-7", "eagle3 chain-3 no graphs", "eagle3 tree-7 no graphs"]
+    assert [m.cuda_graphs for _, m in list(table.values())[1:]] == [None, None, False, False]
 
 
 def test_layerskip_peagle_and_dflash_run_their_chains_and_auto_with_identical_outputs(tmp_path, capsys):

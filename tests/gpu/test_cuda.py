@@ -70,3 +70,34 @@ def test_fsdp_on_two_gpus_matches_ddp(tmp_path):
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     a, b = (load_file(str(outs[m] / "model.safetensors")) for m in ("ddp", "fsdp"))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-4, rtol=1e-3) for k in a)
+
+
+@needs_cuda
+@pytest.mark.parametrize("tree", ["tree-15", {"depth": 5, "top_k": 8, "total_tokens": 40}])
+def test_cuda_graphs_draft_what_eager_drafts(tree):
+    """The EAGLE drafter's levels captured in CUDA graphs (the default on CUDA): greedy output equals generate's,
+    the drafts match the eager ones' (fp32: up to the attention kernel's rounding over a longer masked buffer), and
+    a request after the first captures nothing new."""
+    from headway.inference.graphs import CudaGraphs
+
+    target, _ = build_tiny_target("llama", seed=3)
+    target = target.to("cuda")
+    head = EagleHead.from_target(target, version=3)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, target.config.vocab_size, (1, 12), generator=g).cuda() for _ in range(4)]
+    drafts = {}
+    for flag in (False, CudaGraphs()):
+        gen = SpeculativeGenerator(target, head, tree=tree, cuda_graphs=flag)
+        rounds, propose = [], gen.drafter.propose
+        gen.drafter.propose = lambda ctx, propose=propose, rounds=rounds: rounds.append(propose(ctx)) or rounds[-1]
+        for i, prompt in enumerate(prompts):
+            ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=32,
+                                  eos_token_id=None, pad_token_id=0)
+            assert torch.equal(gen.generate(prompt, max_new_tokens=32, eos_token_id=None).sequences, ref)
+            if flag and i == 0:
+                first = flag.captures
+        drafts[bool(flag)] = [d.tokens.tolist() for d in rounds]
+        if flag:
+            assert 0 < first == flag.captures
+    same = sum(a == b for a, b in zip(drafts[False], drafts[True]))
+    assert len(drafts[False]) == len(drafts[True]) and same >= 0.9 * len(drafts[False])

@@ -1,0 +1,185 @@
+"""CUDA graphs for the drafter's step at fixed widths (issue 22).
+
+On a GPU an EAGLE draft level is a few dozen small kernels whose launches, not their arithmetic, set its
+cost (0.29-0.70 of a plain step each on the H200 check, BENCHMARKS.md). A CUDA graph records one level's
+kernels once per width and replays them with one launch. A replay runs no Python: every tensor it reads
+or writes must sit at the address it had at capture, and every Python value is frozen at its capture-time
+value. So a graphed step takes all that varies as tensors of fixed shapes: its inputs are copied into
+static buffers, the drafter's KV cache is written at slots given as a tensor (``DraftCache.slots``), and
+attention reads the cache's whole buffer under a mask that hides what the step must not see.
+
+Backends: ``CudaGraphs`` (``torch.cuda.CUDAGraph``: warm-up on a side stream, capture into one shared
+memory pool, replay), and ``TracedGraphs``, the CPU stand-in the tests use: ``make_fx`` traces the step
+once with the same freezing (Python values become constants, tensors are the captured ones) and a replay
+runs the traced graph into fixed output buffers, so a step that would go wrong under a CUDA graph goes
+wrong under it too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+Run = Callable[[], Sequence[torch.Tensor]]
+
+
+class GraphBackend(Protocol):
+    def capture(self, run: Run) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
+        """Capture ``run`` (a step over fixed buffers) -> (replay, the outputs every replay overwrites)."""
+
+
+class CudaGraphs:
+    """``torch.cuda.CUDAGraph`` capture: two warm-up runs on a side stream (lazy initialisations, cuBLAS
+    workspaces), then the capture into a memory pool shared by every graph of this backend."""
+
+    def __init__(self):
+        self.pool = None
+        self.captures = 0
+
+    def capture(self, run: Run):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(stream)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = tuple(run())
+        self.captures += 1
+        return graph.replay, outputs
+
+
+class TracedGraphs:
+    """A CUDA graph's semantics on any device, for tests: the step traced once (``make_fx``: Python values
+    frozen, the captured tensors read and written in place at every replay) and replayed into fixed
+    output buffers that the next replay overwrites."""
+
+    def __init__(self):
+        self.captures = 0
+
+    def capture(self, run: Run):
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        traced = make_fx(lambda: tuple(run()))()
+        outputs = tuple(t.clone() for t in traced())
+        self.captures += 1
+
+        def replay() -> None:
+            for out, new in zip(outputs, traced()):
+                out.copy_(new)
+
+        return replay, outputs
+
+
+class GraphedCall:
+    """``fn(*inputs)`` captured for inputs of these shapes: a call copies its inputs into the static ones
+    and replays. ``fn`` must be idempotent for equal inputs (the capture may run it)."""
+
+    def __init__(self, fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
+                 backend: GraphBackend):
+        self.inputs = tuple(t.clone() for t in inputs)
+        self.replay, self.outputs = backend.capture(lambda: fn(*self.inputs))
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        for static, value in zip(self.inputs, inputs):
+            static.copy_(value)
+        self.replay()
+        return self.outputs
+
+
+class CaptureError(ValueError):
+    """A step that cannot be captured, asked for explicitly (``cuda_graphs=True``)."""
+
+
+class EagleStepGraphs:
+    """An EAGLE head's tree level (R nodes through the layer and the vocabulary projection) captured once per
+    width R and cache buffer, replayed for every later level of that width.
+
+    ``strict``: a failed capture raises ``CaptureError`` (graphs asked for); otherwise it is logged once
+    and every later level runs eagerly."""
+
+    def __init__(self, head, backend: GraphBackend, strict: bool = False):
+        self.head, self.backend, self.strict = head, backend, strict
+        self._calls: dict[int, GraphedCall] = {}
+        self._buffer = None  # the cache buffer the captured steps write into
+        self.failed: str | None = None
+
+    def level(self, cache, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+              blocked: torch.Tensor, prefix: int):
+        """tokens [R], hidden [R, H] (each node's parent's output), positions [R]; blocked [R, F + R] bool
+        (True: hidden) over the F tree nodes fed since the ``prefix`` context entries, then these; the
+        nodes are written at slots prefix + F .. -> (h' [R, H], logits [R, V']) or None (run it eagerly)."""
+        if self.failed is not None:
+            return None
+        r, cols = blocked.shape
+        start = len(cache)
+        if start != prefix + cols - r:
+            raise RuntimeError(f"a graphed level of {r} nodes after {start} cache entries masks {cols} columns "
+                               f"after {prefix}")
+        cache.reserve(start + r)
+        if self._buffer is not cache._keys:  # a new (grown) buffer: the graphs of the old one write elsewhere
+            self._calls.clear()
+            self._buffer = cache._keys
+            # attention reads every slot, masked or not: never-written memory may hold NaN or inf, which a mask
+            # cannot hide (NaN + min is NaN), so the slots past the cached entries start as zeros
+            cache._keys[:, :, start:].zero_()
+            cache._values[:, :, start:].zero_()
+        capacity, dtype, device = cache.capacity, hidden.dtype, hidden.device
+        mask = torch.full((1, 1, r, capacity), torch.finfo(dtype).min, dtype=dtype, device=device)
+        mask[0, 0, :, :prefix] = 0.0
+        mask[0, 0, :, prefix:prefix + cols].masked_fill_(~blocked, 0.0)  # [1, 1, R, C]
+        slots = torch.arange(start, start + r, device=device)
+        inputs = (tokens[None], hidden[None], positions[None], mask, slots)
+        call = self._calls.get(r)
+        if call is None:
+            call = self._capture(cache, inputs)
+            if call is None:
+                return None
+        out, logits = call(*inputs)
+        cache.advance(r)
+        return out.clone(), logits.clone()  # the next replay overwrites the static outputs
+
+    def _capture(self, cache, inputs) -> GraphedCall | None:
+        head = self.head
+
+        def step(tokens, hidden, positions, mask, slots):
+            cache.slots = slots
+            try:
+                out = head(tokens, hidden, positions, attention_mask=mask, cache=cache)[0]  # [R, H]
+            finally:
+                cache.slots = None
+            return out, F.linear(*head.projection(out))
+
+        try:
+            call = GraphedCall(step, inputs, self.backend)
+        except Exception as e:  # noqa: BLE001 - any failure to capture falls back (or, asked for, says why)
+            first = str(e).splitlines()[0] if str(e) else ""
+            why = f"the EAGLE drafter's step cannot be captured in a graph ({type(e).__name__}: {first})"
+            if self.strict:
+                raise CaptureError(f"cuda_graphs=True: {why}; pass cuda_graphs=None to fall back to eager") from e
+            self.failed = why
+            log.warning("%s; drafting without graphs", why)
+            return None
+        self._calls[inputs[0].shape[1]] = call
+        return call
+
+
+def resolve_backend(flag, device: torch.device) -> tuple[GraphBackend | None, bool]:
+    """``cuda_graphs`` -> (the backend or None, strict): None (the default) is CUDA graphs on a CUDA device,
+    failures falling back; True asks for them (an error where they cannot be captured; a no-op off CUDA);
+    False never; a ``GraphBackend`` instance captures with it on any device, strictly (tests)."""
+    if flag is None or flag is True:
+        return (CudaGraphs() if device.type == "cuda" else None), flag is True
+    if flag is False:
+        return None, False
+    if not callable(getattr(flag, "capture", None)):
+        raise ValueError(f"cuda_graphs must be None, True, False or a graph backend, got {flag!r}")
+    return flag, True

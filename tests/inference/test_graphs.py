@@ -1,0 +1,148 @@
+"""The drafter's tree levels captured as graphs (inference/graphs.py, issue 22 item 4), on a CPU through the traced
+stand-in (``TracedGraphs``: Python values frozen at capture, the captured tensors read and written in place, outputs
+overwritten by the next replay, as under a CUDA graph): every round's draft equals the eager one's (tokens, tree,
+scores), across requests that reuse the captured buffers and a prompt that outgrows them; sampled rounds draw the
+same; and the flag's bad input. The real CUDA capture runs in tests/gpu/test_cuda.py."""
+
+import logging
+
+import pytest
+import torch
+
+from headway.inference import PromptLookup, SpeculativeGenerator
+from headway.inference.graphs import CaptureError, TracedGraphs
+from tests.inference.spec_utils import assert_batch_equals_rows, reference_generate
+
+CASES = {  # name: (EAGLE version, tree, EagleProposer.tensor_rounds)
+    "eagle3-tree": (3, "tree-15", False),
+    "eagle3-dynamic-host": (3, {"depth": 3, "top_k": 4, "total_tokens": 8}, False),
+    "eagle3-dynamic-tensors": (3, {"depth": 3, "top_k": 4, "total_tokens": 8}, True),
+    "eagle1-chain": (1, "chain-4", False),
+}
+
+
+def recorded(gen):
+    """Record each round's draft (tokens, parents, scores) of ``gen``'s drafter."""
+    rounds, propose = [], gen.drafter.propose
+
+    def record(ctx):
+        draft = propose(ctx)
+        rounds.append((draft.tokens.tolist(), list(draft.tree.parents), draft.score_list()))
+        return draft
+
+    gen.drafter.propose = record
+    return rounds
+
+
+def prompts_with_a_long_one(family, n: int = 6):
+    """``n`` of the family's prompts, then one of 140 tokens: past the draft cache's first buffer (128 slots), so
+    the captured levels are captured again on the grown one mid-request."""
+    g = torch.Generator().manual_seed(1)
+    long = torch.randint(4, family.target.config.vocab_size, (1, 140), generator=g)
+    return list(zip(family.prompts[:n], family.max_new[:n])) + [(long, 30)]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_graphed_levels_draft_what_eager_levels_draft(family, eagle, name):
+    compare_drafts(family, eagle, name)
+
+
+def test_never_written_slots_cannot_leak_into_graphed_levels(family, eagle, monkeypatch):
+    """A captured level attends over the whole cache buffer, masked: memory never written (NaN or inf as often as
+    not, on a GPU too) must not reach it. Every new draft-cache buffer is poisoned past what was written."""
+    from headway.heads import eagle_layer
+
+    write = eagle_layer.write_slots
+
+    def poisoned(buffer, start, new, capacity=0):
+        out = write(buffer, start, new, capacity)
+        if out is not buffer:
+            out[:, :, start + new.shape[2]:] = float("nan")
+        return out
+
+    monkeypatch.setattr(eagle_layer, "write_slots", poisoned)
+    compare_drafts(family, eagle, "eagle3-dynamic-tensors")
+
+
+def compare_drafts(family, eagle, name):
+    version, tree, tensor_rounds = CASES[name]
+    backend = TracedGraphs()
+    drafts = {}
+    for label, flag in (("eager", False), ("graphs", backend)):
+        gen = SpeculativeGenerator(family.target, eagle[version], tree=tree, cuda_graphs=flag)
+        gen.drafter.tensor_rounds = tensor_rounds
+        drafts[label] = recorded(gen)
+        for i, (prompt, max_new) in enumerate(prompts_with_a_long_one(family)):
+            out = gen.generate(prompt, max_new_tokens=max_new)
+            ref = reference_generate(family.target, prompt, max_new)
+            assert torch.equal(out.sequences, ref), f"{family.name}/{name}/{label}: prompt {i} differs from generate"
+            if label == "graphs" and i == 0:
+                first = backend.captures
+    eager, graphed = drafts["eager"], drafts["graphs"]
+    assert len(eager) == len(graphed) > 20
+    for r, (a, b) in enumerate(zip(eager, graphed)):
+        assert a[:2] == b[:2], f"{family.name}/{name}: round {r} drafted another tree under graphs"
+        assert a[2] == pytest.approx(b[2], abs=1e-9), f"{family.name}/{name}: round {r} scores differ"
+    # captured once per width on the first request, reused by the next five, captured again on the grown buffer
+    assert 1 <= first < backend.captures <= 2 * first
+
+
+def test_graphed_sampled_rounds_draw_what_eager_rounds_draw(family, eagle):
+    """A sampled static tree: the same seed gives the same output with and without graphs (the drafts' q feed the
+    random draws, so any difference in a draft distribution would show)."""
+    outs = []
+    for flag in (False, TracedGraphs()):
+        gen = SpeculativeGenerator(family.target, eagle[3], tree="tree-15", cuda_graphs=flag)
+        g = torch.Generator().manual_seed(7)
+        outs.append([gen.generate(p, max_new_tokens=m, temperature=0.8, top_k=20, generator=g).sequences
+                     for p, m in zip(family.prompts[:6], family.max_new[:6])])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+def test_a_batch_and_a_hybrid_run_beside_graphs(family, eagle):
+    """A batch's rows draft with forks that keep no graphs (their levels run stacked); a hybrid captures its model
+    part: both equal the eager runs."""
+    assert_batch_equals_rows(SpeculativeGenerator(family.target, eagle[3], tree="tree-15", cuda_graphs=TracedGraphs()),
+                             family)
+    backend = TracedGraphs()
+    gen = SpeculativeGenerator(family.target, [eagle[3], PromptLookup()], tree="tree-15", cuda_graphs=backend)
+    for prompt, max_new, ref in list(zip(family.prompts, family.max_new, family.references))[:6]:
+        assert torch.equal(gen.generate(prompt, max_new_tokens=max_new).sequences, ref)
+    assert backend.captures > 0
+
+
+class Refuses:
+    """A graph backend whose capture fails (as an op that cannot be captured would)."""
+
+    def capture(self, run):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_step_that_cannot_be_captured(family, eagle, caplog):
+    gen = SpeculativeGenerator(family.target, eagle[3], tree="tree-15", cuda_graphs=Refuses())
+    with pytest.raises(CaptureError, match=r"cuda_graphs=True: the EAGLE drafter's step cannot be captured .*"
+                                           r"operation not permitted.*cuda_graphs=None"):
+        gen.generate(family.prompts[0], max_new_tokens=8)
+    # not asked for (the CUDA default): logged once, every level eager, the output unchanged
+    gen = SpeculativeGenerator(family.target, eagle[3], tree="tree-15", cuda_graphs=False)
+    gen.drafter.use_graphs(Refuses(), strict=False)
+    with caplog.at_level(logging.WARNING, logger="headway.inference.graphs"):
+        for prompt, max_new, ref in list(zip(family.prompts, family.max_new, family.references))[:3]:
+            assert torch.equal(gen.generate(prompt, max_new_tokens=max_new).sequences, ref)
+    assert [r.message for r in caplog.records].count(
+        "the EAGLE drafter's step cannot be captured in a graph (RuntimeError: operation not permitted when stream "
+        "is capturing); drafting without graphs") == 1
+
+
+def test_the_flag(family, eagle):
+    # on a CPU the default and True are no-ops: nothing captured
+    for flag in (None, True):
+        assert SpeculativeGenerator(family.target, eagle[3], cuda_graphs=flag).drafter._graphs is None
+    with pytest.raises(ValueError, match="cuda_graphs must be None, True, False or a graph backend, got 'yes'"):
+        SpeculativeGenerator(family.target, eagle[3], cuda_graphs="yes")
+    # asked for, with a drafter whose step is not captured: one line naming it
+    with pytest.raises(CaptureError, match="cuda_graphs=True: the draft model's step is not captured in a graph"):
+        SpeculativeGenerator(family.target, family.draft, cuda_graphs=TracedGraphs())
+    # retrieval has no model step: nothing to capture, nothing refused
+    assert SpeculativeGenerator(family.target, PromptLookup(), cuda_graphs=TracedGraphs()).drafter is not None
