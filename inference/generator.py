@@ -27,6 +27,7 @@ import torch
 from headway.heads.target.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
 from headway.inference.proposer import Draft, DraftContext, as_proposer, check_draft, root_draft
+from headway.inference import target_graphs
 from headway.inference.graphs import CaptureError, resolve_backend
 from headway.inference.kv_cache import CACHE_SLACK, compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
@@ -120,11 +121,12 @@ class SpeculativeGenerator:
             4 (MKL's 2-3 row GEMMs on a CPU cost more than 4 rows), or 1 when the target's linears
             are prepacked (``pack_linears``: there 2-3 rows cost less than 4).
         typical_threshold, typical_alpha: Medusa's epsilon and delta for acceptance="typical".
-        cuda_graphs: capture the drafter's tree levels in CUDA graphs, one per width, replayed every later round
-            (headway.inference.graphs; an EAGLE drafter's single-row levels). None (default): on a CUDA device,
-            a step that fails to capture runs eagerly (logged once); True: asked for, so a drafter whose step
-            cannot be captured is an error naming it (a no-op off CUDA); False: never. Outputs are the same
-            either way (the verification is exact; the draft's numbers move only by rounding).
+        cuda_graphs: capture the drafter's tree levels and the target's verification pass in CUDA graphs, one per
+            width, replayed every later round (headway.inference.graphs: an EAGLE drafter's single-row levels;
+            headway.inference.target_graphs: a Llama-style target's pass). None (default): on a CUDA device, a
+            step that fails to capture runs eagerly (logged once); True: asked for, so a drafter or target whose
+            step cannot be captured is an error naming it (a no-op off CUDA); False: never. Outputs are the same
+            either way (the verification is exact; logits and drafts move only by rounding).
     """
 
     device_sampling: bool | None = None
@@ -140,9 +142,17 @@ class SpeculativeGenerator:
         self.drafter.bind(target_model)
         self.cuda_graphs = cuda_graphs  # as asked (None: on CUDA)
         backend, strict = resolve_backend(cuda_graphs, self.device)
+        self._verify_graphs = None  # the target's pass captured per width (headway.inference.target_graphs)
         if backend is not None:
             why = self.drafter.use_graphs(backend, strict)
             if why and strict:
+                raise CaptureError(f"cuda_graphs=True: {why}; pass cuda_graphs=None to capture what can be")
+            why = "LayerSkip verifies from its own early layers' states" if self.drafter.shares_target_cache \
+                else target_graphs.why_not(target_model)
+            if why is None:
+                self._verify_graphs = target_graphs.VerifyGraphs(target_model, backend, self.drafter.feature_layers,
+                                                                 strict)
+            elif strict:
                 raise CaptureError(f"cuda_graphs=True: {why}; pass cuda_graphs=None to capture what can be")
         self.auto = isinstance(tree, str) and tree == "auto"
         self._controller, self._curve, self._refresh = None, cost_curve, refresh_cost
@@ -225,7 +235,10 @@ class SpeculativeGenerator:
             t0 = time.perf_counter()
             drafter.reset()
             length = prompt.shape[0]
-            cache = new_cache(self.target, capacity=length + max_new_tokens + CACHE_SLACK)  # written in place
+            capacity = length + max_new_tokens + CACHE_SLACK
+            graphs = self._verify_graphs
+            # written in place; a captured pass's cache persists across requests (it writes where it was captured)
+            cache = graphs.cache(capacity) if graphs is not None else new_cache(self.target, capacity=capacity)
             drafter.use_cache(cache)  # LayerSkip drafts with the target's own early layers, into this cache
             seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=self.device)  # prompt + new tokens
             seq[:length] = prompt
@@ -269,7 +282,11 @@ class SpeculativeGenerator:
                     stats.time_prefill += t_prefill
                 sync_verify()
                 t1 = time.perf_counter()
-                if draft.states is not None:  # the first layers ran while drafting (LayerSkip): the rest only
+                graphed = graphs.verify(cache, draft.tree, draft.tokens, length - 1) \
+                    if graphs is not None and pending is None else None
+                if graphed is not None:  # a captured pass (padded to its width): the features come with it
+                    logits, width, graph_rows = graphed
+                elif draft.states is not None:  # the first layers ran while drafting (LayerSkip): the rest only
                     logits, width = resume_forward(self.target, cache, draft.tree, draft.states, length - 1,
                                                    drafter.exit_layer)
                 else:
@@ -284,7 +301,7 @@ class SpeculativeGenerator:
                     drafter.observe_outputs(draft, logits.argmax(-1).tolist())
                 compact_cache(cache, length - 1, path, width)
                 if capture:  # the prompt's features, then the accepted path's: positions length-1 .. length-1+accepted
-                    rows = capture.pop()[0]  # [M + W, F]
+                    rows = graph_rows if graphed is not None else capture.pop()[0]  # [M + W, F]
                     m = 0 if pending is None else pending.shape[0]
                     accepted = rows.index_select(0, torch.tensor(path, device=self.device) + m)
                     if m or prompt_rows is not None:

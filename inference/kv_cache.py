@@ -34,6 +34,7 @@ class BufferLayer(DynamicLayer):
     """
 
     def __init__(self, capacity: int = 0):
+        self.slots: torch.Tensor | None = None  # [n] long: ``update`` writes there and returns the whole buffers
         self._buf: dict[str, torch.Tensor | None] = {"keys": None, "values": None}  # [B, Hkv, capacity, D]
         self._raw: dict[str, torch.Tensor | None] = {"keys": None, "values": None}  # before any 4D tensor: as assigned
         self._length = {"keys": 0, "values": 0}  # apart: transformers assigns keys, then values (crop)
@@ -70,7 +71,13 @@ class BufferLayer(DynamicLayer):
         super().crop(tokens_to_remove)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Write the forward's new keys/values ([B, Hkv, n, D]) after the cached ones; returns the views."""
+        """Write the forward's new keys/values ([B, Hkv, n, D]) after the cached ones; returns the views. With
+        ``slots`` set (a captured verification pass, headway.inference.target_graphs): writes them at those slots
+        and returns the whole buffers, the length left to the caller (``advance``)."""
+        if self.slots is not None:
+            for name, new in (("keys", key_states), ("values", value_states)):
+                self._buf[name].index_copy_(2, self.slots, new)
+            return self._buf["keys"], self._buf["values"]
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = self._length["keys"]
@@ -78,6 +85,12 @@ class BufferLayer(DynamicLayer):
             self._buf[name] = write_slots(self._buf[name], start, new, self.capacity)
             self._length[name] = start + new.shape[2]
         return self.keys, self.values
+
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` entries written through ``slots`` right after the cached ones."""
+        for name in ("keys", "values"):
+            self._length[name] += n
 
 
 def check_compactable(cache) -> None:

@@ -1,8 +1,9 @@
-"""The drafter's tree levels captured as graphs (inference/graphs.py, issue 22 item 4), on a CPU through the traced
-stand-in (``TracedGraphs``: Python values frozen at capture, the captured tensors read and written in place, outputs
-overwritten by the next replay, as under a CUDA graph): every round's draft equals the eager one's (tokens, tree,
-scores), across requests that reuse the captured buffers and a prompt that outgrows them; sampled rounds draw the
-same; and the flag's bad input. The real CUDA capture runs in tests/gpu/test_cuda.py."""
+"""The drafter's tree levels and the target's verification pass captured as graphs (inference/graphs.py,
+inference/target_graphs.py, issue 22 item 4), on a CPU through the traced stand-in (``TracedGraphs``: Python values
+frozen at capture, the captured tensors read and written in place, outputs overwritten by the next replay, as under a
+CUDA graph): every round's draft and logits equal the eager one's, across requests that reuse the captured buffers and
+a prompt that outgrows them; sampled rounds draw the same; and the flag's bad input. The real CUDA capture runs in
+tests/gpu/test_cuda.py."""
 
 import logging
 
@@ -22,35 +23,52 @@ CASES = {  # name: (EAGLE version, tree, EagleProposer.tensor_rounds)
 
 
 def recorded(gen):
-    """Record each round's draft (tokens, parents, scores) of ``gen``'s drafter."""
-    rounds, propose = [], gen.drafter.propose
+    """Record each round's draft (tokens, parents, scores) of ``gen``'s drafter, the logits it was verified with, and
+    how many passes ran captured (``gen._verify_graphs``)."""
+    rounds, logits, graphed = [], [], [0]
+    propose, accept = gen.drafter.propose, gen._accept
 
     def record(ctx):
         draft = propose(ctx)
         rounds.append((draft.tokens.tolist(), list(draft.tree.parents), draft.score_list()))
         return draft
 
-    gen.drafter.propose = record
-    return rounds
+    def verified(draft, round_logits, sampling, generator):
+        logits.append(round_logits.clone())
+        return accept(draft, round_logits, sampling, generator)
+
+    gen.drafter.propose, gen._accept = record, verified
+    if gen._verify_graphs is not None:
+        verify = gen._verify_graphs.verify
+
+        def counted(*args):
+            out = verify(*args)
+            graphed[0] += out is not None
+            return out
+
+        gen._verify_graphs.verify = counted
+    return rounds, logits, graphed
 
 
 def prompts_with_a_long_one(family, n: int = 6):
-    """``n`` of the family's prompts, then one of 140 tokens: past the draft cache's first buffer (128 slots), so
-    the captured levels are captured again on the grown one mid-request."""
+    """``n`` of the family's prompts, then one of 300 tokens: past the draft cache's first buffer (128 slots) and
+    the target cache's (256), so both are captured again on the grown ones mid-request."""
     g = torch.Generator().manual_seed(1)
-    long = torch.randint(4, family.target.config.vocab_size, (1, 140), generator=g)
+    long = torch.randint(4, family.target.config.vocab_size, (1, 300), generator=g)
     return list(zip(family.prompts[:n], family.max_new[:n])) + [(long, 30)]
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_graphed_levels_draft_what_eager_levels_draft(family, eagle, name):
-    compare_drafts(family, eagle, name)
+    compare_rounds(family, eagle, name)
 
 
-def test_never_written_slots_cannot_leak_into_graphed_levels(family, eagle, monkeypatch):
-    """A captured level attends over the whole cache buffer, masked: memory never written (NaN or inf as often as
-    not, on a GPU too) must not reach it. Every new draft-cache buffer is poisoned past what was written."""
+def test_never_written_slots_cannot_leak_into_graphed_steps(family, eagle, monkeypatch):
+    """A captured step attends over the whole cache buffer, masked: memory never written (NaN or inf as often as
+    not, on a GPU too) must not reach it. Every new draft-cache and target-cache buffer is poisoned past what was
+    written."""
     from headway.heads import eagle_layer
+    from headway.inference import kv_cache
 
     write = eagle_layer.write_slots
 
@@ -61,30 +79,37 @@ def test_never_written_slots_cannot_leak_into_graphed_levels(family, eagle, monk
         return out
 
     monkeypatch.setattr(eagle_layer, "write_slots", poisoned)
-    compare_drafts(family, eagle, "eagle3-dynamic-tensors")
+    monkeypatch.setattr(kv_cache, "write_slots", poisoned)
+    compare_rounds(family, eagle, "eagle3-dynamic-tensors")
 
 
-def compare_drafts(family, eagle, name):
+def compare_rounds(family, eagle, name):
+    """Every round with graphs (the drafter's levels and the target's pass captured) equals the eager round: the same
+    draft, the same logits (fp64), the same output; each request's passes after its first run captured."""
     version, tree, tensor_rounds = CASES[name]
     backend = TracedGraphs()
-    drafts = {}
+    runs = {}
     for label, flag in (("eager", False), ("graphs", backend)):
         gen = SpeculativeGenerator(family.target, eagle[version], tree=tree, cuda_graphs=flag)
         gen.drafter.tensor_rounds = tensor_rounds
-        drafts[label] = recorded(gen)
+        runs[label] = recorded(gen)
         for i, (prompt, max_new) in enumerate(prompts_with_a_long_one(family)):
             out = gen.generate(prompt, max_new_tokens=max_new)
             ref = reference_generate(family.target, prompt, max_new)
             assert torch.equal(out.sequences, ref), f"{family.name}/{name}/{label}: prompt {i} differs from generate"
-            if label == "graphs" and i == 0:
-                first = backend.captures
-    eager, graphed = drafts["eager"], drafts["graphs"]
-    assert len(eager) == len(graphed) > 20
+            if label == "graphs" and i == 5:  # before the long prompt: one capture per width seen, reused since
+                captured = len(gen.drafter._graphs._calls) + len(gen._verify_graphs._calls)
+                assert backend.captures == captured > 0
+    (eager, eager_logits, _), (graphed, graphed_logits, passes) = runs["eager"], runs["graphs"]
+    assert len(eager) == len(graphed) > 20 and len(eager_logits) == len(graphed_logits)
     for r, (a, b) in enumerate(zip(eager, graphed)):
         assert a[:2] == b[:2], f"{family.name}/{name}: round {r} drafted another tree under graphs"
         assert a[2] == pytest.approx(b[2], abs=1e-9), f"{family.name}/{name}: round {r} scores differ"
-    # captured once per width on the first request, reused by the next five, captured again on the grown buffer
-    assert 1 <= first < backend.captures <= 2 * first
+    for r, (a, b) in enumerate(zip(eager_logits, graphed_logits)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-9), f"{family.name}/{name}: round {r} verified other logits"
+    assert passes[0] == len(graphed_logits) - 7  # every pass but each request's first (the prompt's) captured
+    # the long prompt grew both caches: what it ran was captured again on the grown buffers, once per width
+    assert backend.captures - captured == len(gen.drafter._graphs._calls) + len(gen._verify_graphs._calls) > 0
 
 
 def test_graphed_sampled_rounds_draw_what_eager_rounds_draw(family, eagle):
@@ -136,6 +161,8 @@ def test_a_step_that_cannot_be_captured(family, eagle, caplog):
 
 
 def test_the_flag(family, eagle):
+    from headway.heads.target.tiny import build_tiny_target
+
     # on a CPU the default and True are no-ops: nothing captured
     for flag in (None, True):
         assert SpeculativeGenerator(family.target, eagle[3], cuda_graphs=flag).drafter._graphs is None
@@ -144,5 +171,14 @@ def test_the_flag(family, eagle):
     # asked for, with a drafter whose step is not captured: one line naming it
     with pytest.raises(CaptureError, match="cuda_graphs=True: the draft model's step is not captured in a graph"):
         SpeculativeGenerator(family.target, family.draft, cuda_graphs=TracedGraphs())
-    # retrieval has no model step: nothing to capture, nothing refused
-    assert SpeculativeGenerator(family.target, PromptLookup(), cuda_graphs=TracedGraphs()).drafter is not None
+    # retrieval has no model step: nothing to capture, nothing refused; the target's pass is captured
+    gen = SpeculativeGenerator(family.target, PromptLookup(), cuda_graphs=TracedGraphs())
+    for prompt, max_new, ref in list(zip(family.prompts, family.max_new, family.references))[:4]:
+        assert torch.equal(gen.generate(prompt, max_new_tokens=max_new).sequences, ref)
+    assert gen._verify_graphs._calls
+    # a target outside the decoders whose pass is captured: one line naming it, or (the default) eager
+    gpt2, _ = build_tiny_target("gpt2", seed=3)
+    with pytest.raises(CaptureError, match=r"cuda_graphs=True: the target's verification pass \(GPT2LMHeadModel, "
+                                           r"model_type 'gpt2'\) is captured for llama, qwen2, qwen3, mistral "
+                                           r"decoders only; pass cuda_graphs=None"):
+        SpeculativeGenerator(gpt2, PromptLookup(), cuda_graphs=TracedGraphs())
