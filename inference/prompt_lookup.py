@@ -6,6 +6,8 @@ one verification pass tries them all (tree verification as in SpecInfer, arXiv:2
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
@@ -41,6 +43,10 @@ class PromptLookup(Proposer):
             raise ValueError("num_pred_tokens, max_matches and max_nodes must be >= 1")
         self.max_ngram_size, self.min_ngram_size = max_ngram_size, min_ngram_size
         self.num_pred_tokens, self.max_matches, self.max_nodes = num_pred_tokens, max_matches, max_nodes
+        self._index = NgramIndex(min_ngram_size, max_ngram_size)
+
+    def reset(self) -> None:
+        self._index = NgramIndex(self.min_ngram_size, self.max_ngram_size)
 
     def propose(self, ctx: DraftContext) -> Draft:
         depth, matches = self.num_pred_tokens, self.max_matches
@@ -50,7 +56,11 @@ class PromptLookup(Proposer):
         depth = min(depth, ctx.max_depth)
         if depth < 1:
             return root_only(ctx)
-        found = find_matches(ctx.host_context(), self.max_ngram_size, self.min_ngram_size, depth, matches)
+        starts = None
+        if ctx.host_tokens is not None:  # the context's n-grams indexed as it grows: no scan of the whole context
+            self._index.extend(ctx.host_tokens)
+            starts = self._index.starts
+        found = find_matches(ctx.host_context(), self.max_ngram_size, self.min_ngram_size, depth, matches, starts)
         if not found:
             return root_only(ctx)
         conts = [cont for cont, _ in found]
@@ -69,14 +79,18 @@ def find_continuations(tokens: torch.Tensor, max_n: int, min_n: int, depth: int,
     return [cont for cont, _ in find_matches(tokens, max_n, min_n, depth, max_matches)]
 
 
-def find_matches(tokens: torch.Tensor, max_n: int, min_n: int, depth: int,
-                 max_matches: int) -> list[tuple[list[int], int]]:
-    """``find_continuations`` with the length of the n-gram each continuation follows."""
+def find_matches(tokens: torch.Tensor, max_n: int, min_n: int, depth: int, max_matches: int,
+                 index: "Callable[[int], torch.Tensor] | None" = None) -> list[tuple[list[int], int]]:
+    """``find_continuations`` with the length of the n-gram each continuation follows. ``index``: n -> the starts [M]
+    of the suffix n-gram's earlier occurrences, ascending (``NgramIndex.starts``); None: a scan of ``tokens``."""
     length = tokens.shape[0]
     found: list[tuple[list[int], int]] = []
     for n in range(min(max_n, length - 1), min_n - 1, -1):
-        windows = tokens[:-1].unfold(0, n, 1)  # [L - n, n]: every earlier window, the suffix itself excluded
-        starts = (windows == tokens[length - n:]).all(dim=1).nonzero().flatten()  # [M]
+        if index is not None:
+            starts = index(n)
+        else:
+            windows = tokens[:-1].unfold(0, n, 1)  # [L - n, n]: every earlier window, the suffix itself excluded
+            starts = (windows == tokens[length - n:]).all(dim=1).nonzero().flatten()  # [M]
         if starts.numel() == 0:
             continue
         conts, lengths = continuations_at(tokens, starts + n, depth)
@@ -87,6 +101,34 @@ def find_matches(tokens: torch.Tensor, max_n: int, min_n: int, depth: int,
                 if len(found) >= max_matches:
                     return found
     return found
+
+
+class NgramIndex:
+    """Where each n-gram (min_n <= n <= max_n) of a growing context starts, added as the context grows: a round
+    looks its suffix n-gram up instead of scanning the context (whose scan grows with its length)."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self._tokens: list[int] = []
+        self._starts: dict[tuple[int, ...], list[int]] = {}
+
+    def extend(self, tokens: list[int]) -> None:
+        """Index ``tokens``, the context so far: the one indexed until now plus new tokens (a context that is not
+        is indexed afresh)."""
+        old = len(self._tokens)
+        if len(tokens) < old or (old and tokens[old - 1] != self._tokens[-1]) or tokens[:1] != self._tokens[:1]:
+            self._tokens, self._starts, old = [], {}, 0
+        self._tokens.extend(tokens[old:])
+        for end in range(old + 1, len(tokens) + 1):  # every n-gram ending at a new token
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self._starts.setdefault(tuple(tokens[end - n:end]), []).append(end - n)
+
+    def starts(self, n: int) -> torch.Tensor:
+        """The starts [M] of the context's suffix n-gram's earlier occurrences (the suffix itself excluded),
+        ascending."""
+        length = len(self._tokens)
+        found = self._starts.get(tuple(self._tokens[length - n:]), [])
+        return torch.tensor(found[:-1] if found and found[-1] == length - n else found, dtype=torch.long)
 
 
 def continuations_at(tokens: torch.Tensor, begins: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -80,3 +80,30 @@ def test_prompt_lookup_matches_and_tree():
     assert PromptLookup().propose(ctx([3])).tree.size == 1
     with pytest.raises(ValueError):
         PromptLookup(min_ngram_size=3, max_ngram_size=2)
+
+
+def test_the_ngram_index_finds_what_a_scan_finds():
+    """A context grown a few tokens a round (small vocabularies: many repeats), searched through ``NgramIndex`` and by
+    the scan: the same matches every round, for several n-gram ranges, depths and match counts; a context that is
+    not the indexed one grown is indexed afresh."""
+    from headway.inference.prompt_lookup import NgramIndex, find_matches
+
+    g = torch.Generator().manual_seed(0)
+    checked = 0
+    for trial in range(30):
+        vocab, (min_n, max_n) = 3 + trial % 5, [(1, 3), (2, 4), (1, 1)][trial % 3]
+        depth, matches = 1 + trial % 6, 1 + trial % 4
+        index = NgramIndex(min_n, max_n)
+        tokens = torch.randint(0, vocab, (1 + trial % 7,), generator=g).tolist()
+        for _ in range(12):
+            tokens += torch.randint(0, vocab, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+            index.extend(tokens)
+            ctx = torch.tensor(tokens)
+            assert find_matches(ctx, max_n, min_n, depth, matches, index.starts) == \
+                find_matches(ctx, max_n, min_n, depth, matches), (trial, tokens)
+            checked += 1
+    assert checked == 360
+    index = NgramIndex(1, 2)
+    index.extend([1, 2, 1, 2, 3])
+    index.extend([5, 1, 2, 1, 2])  # another context: indexed afresh (the old one's (1, 2) at 0 and 2 forgotten)
+    assert index.starts(2).tolist() == [1] and index.starts(1).tolist() == [2]
