@@ -56,6 +56,7 @@ from headway.inference.cost_curve import CostCurve, OnlineCost
 from headway.inference.proposer import Draft, Probe, can_probe
 from headway.inference.tree import Tree
 from headway.inference.target_forward import verify_width
+from headway.inference.target_graphs import graph_width
 
 MAX_BACKOFF = 16  # rounds without drafting, at most, before the drafter is tried again
 PRIOR_WEIGHT = 2.0  # tries the drafter's own estimate counts for in a calibration cell
@@ -111,6 +112,7 @@ class AutoTree:
     def __init__(self, curve: CostCurve, pad_to: int = 1):
         self.cost = OnlineCost(curve)
         self.pad_to = pad_to  # the generator's padding of verification widths
+        self.graphed = False  # passes captured in CUDA graphs: widths padded to powers of two (target_graphs)
         self.cells: dict[tuple[int, int, int], list[float]] = {}  # (source, depth, band) -> [accepted, tried]
         self.drafter_backoff = Backoff()  # the whole drafter (a hybrid: its model part when nothing was retrieved)
         # a hybrid's model part next to retrieved candidates, per band of what retrieval alone promises
@@ -125,6 +127,10 @@ class AutoTree:
         # one after the prompt's pass also takes in the whole prompt's features); None: none measured yet
         self.draft_cost: float | None = None
         self.ranked: tuple[list[int], list[float]] = ([0], [1.0])  # the last select's nodes best first, and E(k)
+
+    def width(self, nodes: int) -> int:
+        """The width a pass over ``nodes`` nodes runs at (what it costs)."""
+        return graph_width(nodes) if self.graphed else verify_width(nodes, self.pad_to)
 
     def fork(self, cost, pad_to: int) -> "AutoTree":
         """A controller for one row of a batch: this one's calibration (shared: every row's rounds teach it),
@@ -192,7 +198,7 @@ class AutoTree:
             acc, tried = map(sum, zip(*[v for key, v in self.cells.items() if key[:2] == (source, k)] or [(0.0, 0.0)]))
             reach *= a if k == 1 else (acc + PRIOR_WEIGHT * a) / (tried + PRIOR_WEIGHT)
             expected += reach
-            steps = self.cost.rel(verify_width(k + 1, self.pad_to), prefix_len, True) + (self.draft_cost or 0.0)
+            steps = self.cost.rel(self.width(k + 1), prefix_len, True) + (self.draft_cost or 0.0)
             best = max(best, expected / steps)
         return best
 
@@ -286,7 +292,7 @@ class AutoTree:
             kept.append(node)
             expected += -neg
             gains.append(expected)
-            width = verify_width(len(kept), self.pad_to)
+            width = self.width(len(kept))
             rate = expected / (self.cost.rel(width, prefix_len, chain_so_far) + draft_steps)
             if rate > best_rate:
                 best_k, best_rate = len(kept) - 1, rate

@@ -228,7 +228,7 @@ class SpeculativeGenerator:
         context = self.context_length()
         pad_to = self.resolved_pad_to()
         if auto is not None:
-            auto.pad_to = pad_to
+            auto.pad_to, auto.graphed = pad_to, self._verify_graphs is not None
         with contextlib.ExitStack() as stack:
             # forward hooks keep only the layers the drafter reads, for the positions it has not seen
             capture = stack.enter_context(FeatureCapture(self.target, layers)) if layers else None

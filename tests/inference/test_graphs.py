@@ -182,3 +182,19 @@ def test_the_flag(family, eagle):
                                            r"model_type 'gpt2'\) is captured for llama, qwen2, qwen3, mistral "
                                            r"decoders only; pass cuda_graphs=None"):
         SpeculativeGenerator(gpt2, PromptLookup(), cuda_graphs=TracedGraphs())
+
+
+def test_auto_prices_a_captured_pass_at_its_padded_width(family, eagle):
+    """tree="auto" with captured passes: a cut of k nodes costs the power of two it is padded to (5 nodes cost 8),
+    and the output is generate's."""
+    from tests.inference.spec_utils import made_up_curve
+
+    gen = SpeculativeGenerator(family.target, [eagle[3], PromptLookup()], tree="auto", cost_curve=made_up_curve(0.05),
+                               cuda_graphs=TracedGraphs())
+    for prompt, max_new, ref in list(zip(family.prompts, family.max_new, family.references))[:6]:
+        assert torch.equal(gen.generate(prompt, max_new_tokens=max_new).sequences, ref)
+    auto = gen._controller
+    assert auto.graphed and [auto.width(n) for n in (1, 2, 3, 5, 9)] == [1, 2, 4, 8, 16]
+    eager = SpeculativeGenerator(family.target, eagle[3], tree="auto", cost_curve=made_up_curve(0.05), pad_to=1)
+    eager.generate(family.prompts[0], max_new_tokens=4)
+    assert not eager._controller.graphed and eager._controller.width(5) == 5
