@@ -117,12 +117,16 @@ class EagleProposer(Proposer):
     def _catch_up(self, ctx: DraftContext) -> torch.Tensor | None:
         """Feed the positions whose features are new to the draft cache; the root's output h' [H] (the
         predicted feature after the root), or None when there is no feature yet (a one-token prompt)."""
+        return self._take_in(ctx.tokens, ctx.features)[-1] if self._new_positions(ctx) else None
+
+    def _new_positions(self, ctx: DraftContext) -> int:
+        """How many context positions ``ctx.features`` brings (checked against the context's length)."""
         length = ctx.tokens.shape[0]
         new = 0 if ctx.features is None else ctx.features.shape[0]
         if self._seen + new != length - 1:
             raise RuntimeError(f"EAGLE drafter saw features of {self._seen} positions and got {new} more, "
                                f"but the context has {length - 1} before the root")
-        return self._take_in(ctx.tokens, ctx.features)[-1] if new else None
+        return new
 
     def _take_in(self, tokens: torch.Tensor, features: torch.Tensor, outputs: int = 1) -> torch.Tensor:
         """Drop the previous round's tree entries and feed the next n context positions (``features`` [n, F],
@@ -151,9 +155,9 @@ class EagleProposer(Proposer):
 
     @torch.no_grad()
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
-        """The static tree or the host version of a dynamic one, each model step a request (``Project``,
-        ``Feed``) that a batch runs with its other rows' (``StackedRows``)."""
-        root_h = self._catch_up(ctx)
+        """The static tree or the host version of a dynamic one, each model step a request (``CatchUp``,
+        ``Project``, ``Feed``) that a batch runs with its other rows' (``StackedRows``)."""
+        root_h = (yield CatchUp(self, ctx.tokens, ctx.features)) if self._new_positions(ctx) else None
         tree = self.default_tree() if ctx.tree is None else ctx.tree
         if not isinstance(tree, DynamicTree):
             tree = tree.truncate(ctx.max_depth)
@@ -211,6 +215,59 @@ class EagleProposer(Proposer):
         if self._graphs is None:
             return None
         return self._graphs.level(self._cache, tokens, hidden, positions, blocked, self._seen)
+
+
+class CatchUp(DraftRequest):
+    """A row's catch-up (``EagleProposer._take_in``): its new context positions into its draft cache. Result: the
+    root's h' [H]. A batch's rows that each bring a few positions run as one head pass (``catch_up_rows``); a long
+    catch-up (a prompt's) runs alone, where only its last position runs the whole layer."""
+
+    MAX_BATCHED = 16  # positions
+
+    def __init__(self, proposer: EagleProposer, tokens: torch.Tensor, features: torch.Tensor):
+        self.key, self.proposer, self.tokens, self.features = proposer.head, proposer, tokens, features
+
+    def run(self) -> torch.Tensor:
+        return self.proposer._take_in(self.tokens, self.features)[-1]
+
+    @classmethod
+    def run_together(cls, requests: list["CatchUp"], state: dict) -> list[torch.Tensor]:
+        short = [r for r in requests if r.features.shape[0] <= cls.MAX_BATCHED and r.proposer._seen > 0]
+        done = dict(zip(map(id, short), catch_up_rows(short))) if len(short) > 1 else {}
+        return [done[id(r)] if id(r) in done else r.run() for r in requests]
+
+
+def catch_up_rows(requests: list[CatchUp]) -> list[torch.Tensor]:
+    """Several rows' catch-ups as one head pass: the rows' draft caches stacked (``DraftCache.stacked``), each row's
+    n_b new positions after all slots, seeing its own context's slots (a prefix validity mask) and its new positions
+    causally (a padding position sees only itself); then each row's new keys/values appended to its own cache.
+    Each row's roll-back to its context comes first, as ``_take_in``'s. Returns each row's root h' [H]."""
+    head, rows = requests[0].key, [r.proposer for r in requests]
+    for p in rows:
+        p._cache.crop(p._seen)
+    sizes = [r.features.shape[0] for r in requests]
+    b, width = len(rows), max(sizes)
+    cache, valid = DraftCache.stacked([p._cache for p in rows], room=width)  # [B, S] valid slots
+    s, device = valid.shape[1], valid.device
+    hidden = [head.input_hidden(r.features) for r in requests]  # [n_b, H] each
+    dtype = hidden[0].dtype
+    mask = torch.full((b, 1, width, s + width), torch.finfo(dtype).min, dtype=dtype, device=device)
+    mask[:, 0, :, :s].masked_fill_(valid[:, None], 0.0)
+    tokens = torch.zeros(b, width, dtype=torch.long, device=device)
+    positions = torch.zeros(b, width, dtype=torch.long, device=device)
+    stacked = hidden[0].new_zeros(b, width, hidden[0].shape[-1])
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril_()
+    for row, (r, p, n) in enumerate(zip(requests, rows, sizes)):
+        tokens[row, :n] = r.tokens[p._seen + 1:p._seen + 1 + n]  # x[j+1] paired with f[j]
+        positions[row, :n] = torch.arange(p._seen, p._seen + n, device=device)
+        stacked[row, :n] = hidden[row]
+        mask[row, 0, :n, s:s + n].masked_fill_(causal[:n, :n], 0.0)
+        mask[row, 0, torch.arange(n, width), s + torch.arange(n, width)] = 0.0  # padding: itself only
+    out = head(tokens, stacked, positions, attention_mask=mask, cache=cache)  # [B, W, H]
+    for row, (p, n) in enumerate(zip(rows, sizes)):
+        p._cache.append(cache._keys[row:row + 1, :, s:s + n], cache._values[row:row + 1, :, s:s + n])
+        p._seen += n
+    return [out[row, n - 1] for row, n in enumerate(sizes)]
 
 
 class Project(DraftRequest):

@@ -93,9 +93,9 @@ def test_bad_trees(family, eagle):
 @pytest.mark.parametrize("tree", ["tree-15", {"depth": 4, "top_k": 3, "total_tokens": 10}])
 def test_rows_drafted_together_equal_each_row_drafted_alone(family, eagle, tree, monkeypatch):
     """A batch's rows drafting side by side (each level of every row's tree in one head pass over the stacked
-    draft caches, the root projections in one product) make each row the draft it makes alone: rows of
-    different context lengths, in a first round and in a second one that catches each row up by its own
-    number of positions."""
+    draft caches, the root projections in one product, the second round's catch-ups in one pass) make each row
+    the draft and the cache it makes alone: rows of different context lengths, in a first round and in a second
+    one that catches each row up by its own number of positions."""
     from headway.heads.target.features import capture_features
     from headway.inference.eagle import StackedRows
     from headway.inference.proposer import DraftContext, run_rows
@@ -104,9 +104,13 @@ def test_rows_drafted_together_equal_each_row_drafted_alone(family, eagle, tree,
     layers = gen.drafter.feature_layers
     picked = [0, 3, 5, 8]
     alone, together = [gen.drafter.fork() for _ in picked], [gen.drafter.fork() for _ in picked]
-    feeds = []
+    feeds, catch_ups = [], []
     monkeypatch.setattr(StackedRows, "feed", lambda self, requests, feed=StackedRows.feed: feeds.append(
         len(requests)) or feed(self, requests))
+    from headway.inference import eagle as eagle_module
+
+    monkeypatch.setattr(eagle_module, "catch_up_rows", lambda requests, run=eagle_module.catch_up_rows:
+                        catch_ups.append(len(requests)) or run(requests))
     seen = [0] * len(picked)
     for extra in ([0, 0, 0, 0], [1, 4, 2, 3]):  # the second round: each row accepted its own count
         contexts = []
@@ -128,3 +132,4 @@ def test_rows_drafted_together_equal_each_row_drafted_alone(family, eagle, tree,
             assert len(b._cache) == b._seen == a._seen  # a row's own cache holds its context only
             torch.testing.assert_close(b._cache.keys, a._cache.keys)
     assert feeds and all(n == len(picked) for n in feeds)  # the levels ran batched, every row in each
+    assert catch_ups == [len(picked)]  # the second round's catch-ups (1-4 positions a row) in one pass, not the prompts
