@@ -33,8 +33,8 @@ class DraftCache:
     full (an append writes its new slots only, never copies the cache), cropped on roll-back.
 
     ``slots`` (a [T] long tensor, normally None) makes ``append`` write its T entries at those slots and return
-    the whole buffers: a step with fixed shapes whatever the length (a CUDA graph's, ``inference.graphs``), which
-    masks the slots it must not see and moves the length itself (``advance``)."""
+    the buffers' first ``span`` slots: a step with fixed shapes whatever the length (a CUDA graph's,
+    ``inference.graphs``), which masks the slots it must not see and moves the length itself (``advance``)."""
 
     FIRST = 128  # slots of the first buffer
 
@@ -43,6 +43,7 @@ class DraftCache:
         self._values: torch.Tensor | None = None
         self._length = 0
         self.slots: torch.Tensor | None = None
+        self.span: int | None = None  # with ``slots``: the buffer's first ``span`` slots are returned
 
     @classmethod
     def reusing(cls, other: "DraftCache") -> "DraftCache":
@@ -81,10 +82,10 @@ class DraftCache:
         return self._length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.slots is not None:  # k, v: [B, Hkv, T, D] at slots [T]; the whole buffers returned
+        if self.slots is not None:  # k, v: [B, Hkv, T, D] at slots [T]; the buffers' first span slots returned
             self._keys.index_copy_(2, self.slots, k)
             self._values.index_copy_(2, self.slots, v)
-            return self._keys, self._values
+            return self._keys[:, :, :self.span], self._values[:, :, :self.span]
         self._keys = write_slots(self._keys, self._length, k, self.FIRST)
         self._values = write_slots(self._values, self._length, v, self.FIRST)
         self._length += k.shape[2]

@@ -307,16 +307,19 @@ class AutoTree:
         self.ranked = (kept[:best_k + 1], gains[:best_k + 1])
         return sorted(kept[:best_k + 1]), best_rate
 
-    def select(self, draft: Draft, prefix_len: int, draft_seconds: float = 0.0) -> Draft:
-        """The part of ``draft`` worth verifying this round (the root alone: a plain step)."""
+    def select(self, draft: Draft, prefix_len: int, draft_seconds: float = 0.0, timed: bool = True) -> Draft:
+        """The part of ``draft`` worth verifying this round (the root alone: a plain step). ``timed`` False: the
+        drafting time is not a round's (it captured a graph) and teaches nothing."""
         t1 = self.cost.seconds(1, prefix_len)
         self._draft_steps = draft_seconds / t1
         model_drafted = self._gate is None or self._gate.drafted  # (a hybrid's retrieval alone costs next to nothing)
-        if self.made > 1 and model_drafted:  # not the round that took in the prompt: what drafting costs a round
+        if self.made > 1 and model_drafted and timed:  # not the round that took in the prompt: drafting's cost
             self.draft_cost = self._draft_steps if self.draft_cost is None else (
                 COST_DECAY * self.draft_cost + (1 - COST_DECAY) * self._draft_steps)
         elif model_drafted and self.draft_cost is not None:  # the prompt's catch-up is paid once: judge a usual round
             self._draft_steps = self.draft_cost
+        elif not timed:
+            self._draft_steps = 0.0
         if isinstance(draft.scores, torch.Tensor):  # one read here, not one per use
             draft = dataclasses.replace(draft, scores=draft.score_list())
         keep, self.rate = self._best(draft, prefix_len, self._draft_steps)

@@ -24,7 +24,7 @@ from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
                                         run_alone)
-from headway.inference.graphs import EagleStepGraphs
+from headway.inference.graphs import EagleStepGraphs, same_mode
 from headway.inference.expand import (DynamicTree, additive_mask, expand_dynamic_tensors, feed_block, grow_dynamic,
                                       grow_static)
 from headway.inference.tree import Tree
@@ -92,8 +92,11 @@ class EagleProposer(Proposer):
         return None
 
     def reset(self) -> None:
-        # the captured levels write into the cache's buffers: a new request keeps them
-        self._cache = DraftCache() if self._graphs is None else DraftCache.reusing(self._cache)
+        # the captured levels write into the cache's buffers: a new request keeps them (while it may write them)
+        keep = self._graphs is not None and same_mode(self._cache._keys)
+        self._cache = DraftCache.reusing(self._cache) if keep else DraftCache()
+        if self._graphs is not None:
+            self._graphs.check()
         self._seen = 0
 
     def fork(self) -> "EagleProposer":

@@ -125,8 +125,9 @@ class SpeculativeGenerator:
             width, replayed every later round (headway.inference.graphs: an EAGLE drafter's single-row levels;
             headway.inference.target_graphs: a Llama-style target's pass). None (default): on a CUDA device, a
             step that fails to capture runs eagerly (logged once); True: asked for, so a drafter or target whose
-            step cannot be captured is an error naming it (a no-op off CUDA); False: never. Outputs are the same
-            either way (the verification is exact; logits and drafts move only by rounding).
+            step cannot be captured is an error naming it (a no-op off CUDA); False: never. Either way greedy output
+            is the target's greedy output and sampling is exact; a captured pass's logits differ from an eager one's
+            by rounding only (in bf16 a near-tie may then fall the other way, as between any two kernels).
     """
 
     device_sampling: bool | None = None
@@ -142,6 +143,7 @@ class SpeculativeGenerator:
         self.drafter.bind(target_model)
         self.cuda_graphs = cuda_graphs  # as asked (None: on CUDA)
         backend, strict = resolve_backend(cuda_graphs, self.device)
+        self._graph_backend = backend
         self._verify_graphs = None  # the target's pass captured per width (headway.inference.target_graphs)
         if backend is not None:
             why = self.drafter.use_graphs(backend, strict)
@@ -228,7 +230,7 @@ class SpeculativeGenerator:
         context = self.context_length()
         pad_to = self.resolved_pad_to()
         if auto is not None:
-            auto.pad_to, auto.graphed = pad_to, self._verify_graphs is not None
+            auto.pad_to = pad_to
         with contextlib.ExitStack() as stack:
             # forward hooks keep only the layers the drafter reads, for the positions it has not seen
             capture = stack.enter_context(FeatureCapture(self.target, layers)) if layers else None
@@ -239,6 +241,8 @@ class SpeculativeGenerator:
             graphs = self._verify_graphs
             # written in place; a captured pass's cache persists across requests (it writes where it was captured)
             cache = graphs.cache(capacity) if graphs is not None else new_cache(self.target, capacity=capacity)
+            if auto is not None:  # a captured pass runs at a power of two (unless its capture failed: eager)
+                auto.graphed = graphs is not None and graphs.failed is None
             drafter.use_cache(cache)  # LayerSkip drafts with the target's own early layers, into this cache
             seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=self.device)  # prompt + new tokens
             seq[:length] = prompt
@@ -253,6 +257,7 @@ class SpeculativeGenerator:
 
             while stats.new_tokens < max_new_tokens:
                 budget = max_new_tokens - stats.new_tokens
+                captures = self._captures()  # a round that captured a graph is not timed for tree="auto"
                 t0 = time.perf_counter()
                 drafted = auto is None or auto.should_draft(drafter.gated)
                 ctx = DraftContext(seq[:length], features, self.tree, budget - 1, sampling, generator,
@@ -266,7 +271,7 @@ class SpeculativeGenerator:
                     draft = drafter.propose(ctx) if pending is None else drafter.propose_first(ctx)
                     draft_seconds = time.perf_counter() - t0
                     if auto is not None:
-                        draft = auto.select(draft, length, draft_seconds)
+                        draft = auto.select(draft, length, draft_seconds, timed=self._captures() == captures)
                         stats.time_control += time.perf_counter() - t0 - draft_seconds
                 else:  # a plain step; the drafter gets these positions' features with the next ones
                     draft, draft_seconds = root_draft(seq[:length]), 0.0
@@ -310,7 +315,8 @@ class SpeculativeGenerator:
                 if auto is not None:
                     tc = time.perf_counter()
                     # the prompt's pass teaches the cost curve nothing about a round's
-                    auto.observe(draft, path, length, drafted, t2 - t1 if pending is None else 0.0, width)
+                    timed = pending is None and self._captures() == captures
+                    auto.observe(draft, path, length, drafted, t2 - t1 if timed else 0.0, width)
                     stats.time_control += time.perf_counter() - tc
                 new, hit = cut_round(new, budget, eos)
                 seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
@@ -364,6 +370,10 @@ class SpeculativeGenerator:
                                                 sampling, self._random_source(generator, sampling), setups,
                                                 GenerationStats, profile)
         return SpeculativeOutput(sequences, stats, rows)
+
+    def _captures(self) -> int:
+        """Graphs captured so far by this generator's backend (0 without one)."""
+        return getattr(self._graph_backend, "captures", 0)
 
     def _random_source(self, generator: torch.Generator | None, sampling) -> torch.Generator | None:
         """The caller's generator (checked to be on the target's device), or a freshly seeded one when sampling."""

@@ -35,24 +35,37 @@ class GraphBackend(Protocol):
 
 class CudaGraphs:
     """``torch.cuda.CUDAGraph`` capture: two warm-up runs on a side stream (lazy initialisations, cuBLAS
-    workspaces), then the capture into a memory pool shared by every graph of this backend."""
+    workspaces), then the capture into a memory pool shared by every graph of this backend (safe: no two replay
+    at once and every caller copies a replay's outputs before the next replay). A capture that fails (a host
+    sync inside, say) leaves the stream it found current and the next capture a fresh pool; captures are
+    thread-local (another thread's work does not break one)."""
 
     def __init__(self):
         self.pool = None
         self.captures = 0
 
     def capture(self, run: Run):
+        current = torch.cuda.current_stream()
         stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+        stream.wait_stream(current)
         with torch.cuda.stream(stream):
             for _ in range(2):
                 run()
-        torch.cuda.current_stream().wait_stream(stream)
+        current.wait_stream(stream)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = tuple(run())
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                outputs = tuple(run())
+        except Exception:
+            torch.cuda.set_stream(current)  # a failed capture's exit leaves its capture stream current
+            try:  # and may leave the pool recording: stop it, and give the next capture a fresh pool
+                torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), self.pool)
+            except Exception:  # noqa: BLE001 - already stopped, or not in this build
+                pass
+            self.pool = None
+            raise
         self.captures += 1
         return graph.replay, outputs
 
@@ -99,6 +112,40 @@ class CaptureError(ValueError):
     """A step that cannot be captured, asked for explicitly (``cuda_graphs=True``)."""
 
 
+def kv_span(needed: int, capacity: int, least: int = 128) -> int:
+    """The cache slots a captured step attends over: the power of two that holds ``needed`` (at least ``least``),
+    at most the buffer's ``capacity``. A step is captured per span, so attention (and transformers' copy of the keys
+    and values per query head) grows with the context, not with the buffer."""
+    return min(capacity, max(least, 1 << max(0, needed - 1).bit_length()))
+
+
+def same_mode(buffer: torch.Tensor | None) -> bool:
+    """Whether a kept buffer can be written now: one made under ``torch.inference_mode`` cannot be outside it."""
+    return buffer is None or buffer.is_inference() == torch.is_inference_mode_enabled()
+
+
+def uncapturable_now(device: torch.device) -> bool:
+    """Whether a capture or a replay now would be wrong: under autocast (its casts of the weights are cached while
+    it lasts and freed after: a replay would read freed memory)."""
+    return torch.is_autocast_enabled(device.type)
+
+
+def signature(tensors) -> tuple:
+    """The addresses, dtypes and shapes of ``tensors``: a captured step reads its weights at the addresses it saw
+    (a ``.to()``, a re-bind, a ``load_state_dict(assign=True)`` moves them)."""
+    return tuple((t.data_ptr(), t.dtype, tuple(t.shape)) for t in tensors if t is not None)
+
+
+def rope_why_not(config, what: str) -> str | None:
+    """Why a model with this config's RoPE cannot be captured (a dynamic RoPE recomputes its frequencies on the host
+    as positions grow), or None."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if "dynamic" in str(kind):
+        return f"{what} cannot be captured in a graph: its RoPE is {kind!r} (frequencies updated on the host)"
+    return None
+
+
 class EagleStepGraphs:
     """An EAGLE head's tree level (R nodes through the layer and the vocabulary projection) captured once per
     width R and cache buffer, replayed for every later level of that width.
@@ -108,16 +155,24 @@ class EagleStepGraphs:
 
     def __init__(self, head, backend: GraphBackend, strict: bool = False):
         self.head, self.backend, self.strict = head, backend, strict
-        self._calls: dict[int, GraphedCall] = {}
-        self._buffer = None  # the cache buffer the captured steps write into
-        self.failed: str | None = None
+        self._calls: dict[tuple[int, int], GraphedCall] = {}  # (width, span) -> the captured level
+        self._buffers: tuple = ()  # the cache buffers the captured steps write into (kept alive with them)
+        self._weights: tuple = ()  # the head's weights' signature when they were captured
+        self.failed: str | None = rope_why_not(head.config.llama_config(), "the EAGLE drafter's step")
+
+    def check(self) -> None:
+        """A new request: forget the captured levels if the head's weights moved since (re-bound, cast, loaded)."""
+        weights = signature([*self.head.parameters(), *self.head.buffers(), *self.head._bound])
+        if weights != self._weights:
+            self._calls.clear()
+            self._weights = weights
 
     def level(self, cache, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
               blocked: torch.Tensor, prefix: int):
         """tokens [R], hidden [R, H] (each node's parent's output), positions [R]; blocked [R, F + R] bool
         (True: hidden) over the F tree nodes fed since the ``prefix`` context entries, then these; the
         nodes are written at slots prefix + F .. -> (h' [R, H], logits [R, V']) or None (run it eagerly)."""
-        if self.failed is not None:
+        if self.failed is not None or uncapturable_now(hidden.device):
             return None
         r, cols = blocked.shape
         start = len(cache)
@@ -125,37 +180,37 @@ class EagleStepGraphs:
             raise RuntimeError(f"a graphed level of {r} nodes after {start} cache entries masks {cols} columns "
                                f"after {prefix}")
         cache.reserve(start + r)
-        if self._buffer is not cache._keys:  # a new (grown) buffer: the graphs of the old one write elsewhere
+        if not self._buffers or self._buffers[0] is not cache._keys:  # a new (grown) buffer: old graphs write elsewhere
             self._calls.clear()
-            self._buffer = cache._keys
-            # attention reads every slot, masked or not: never-written memory may hold NaN or inf, which a mask
-            # cannot hide (NaN + min is NaN), so the slots past the cached entries start as zeros
+            self._buffers = (cache._keys, cache._values)
+            # attention reads every slot of its span, masked or not: never-written memory may hold NaN or inf,
+            # which a mask cannot hide (NaN + min is NaN), so the slots past the cached entries start as zeros
             cache._keys[:, :, start:].zero_()
             cache._values[:, :, start:].zero_()
-        capacity, dtype, device = cache.capacity, hidden.dtype, hidden.device
-        mask = torch.full((1, 1, r, capacity), torch.finfo(dtype).min, dtype=dtype, device=device)
+        span, dtype, device = kv_span(start + r, cache.capacity), hidden.dtype, hidden.device
+        mask = torch.full((1, 1, r, span), torch.finfo(dtype).min, dtype=dtype, device=device)
         mask[0, 0, :, :prefix] = 0.0
         mask[0, 0, :, prefix:prefix + cols].masked_fill_(~blocked, 0.0)  # [1, 1, R, C]
         slots = torch.arange(start, start + r, device=device)
         inputs = (tokens[None], hidden[None], positions[None], mask, slots)
-        call = self._calls.get(r)
+        call = self._calls.get((r, span))
         if call is None:
-            call = self._capture(cache, inputs)
+            call = self._capture(cache, inputs, span)
             if call is None:
                 return None
         out, logits = call(*inputs)
         cache.advance(r)
         return out.clone(), logits.clone()  # the next replay overwrites the static outputs
 
-    def _capture(self, cache, inputs) -> GraphedCall | None:
+    def _capture(self, cache, inputs, span: int) -> GraphedCall | None:
         head = self.head
 
         def step(tokens, hidden, positions, mask, slots):
-            cache.slots = slots
+            cache.slots, cache.span = slots, span
             try:
                 out = head(tokens, hidden, positions, attention_mask=mask, cache=cache)[0]  # [R, H]
             finally:
-                cache.slots = None
+                cache.slots = cache.span = None
             return out, F.linear(*head.projection(out))
 
         try:
@@ -168,7 +223,7 @@ class EagleStepGraphs:
             self.failed = why
             log.warning("%s; drafting without graphs", why)
             return None
-        self._calls[inputs[0].shape[1]] = call
+        self._calls[(inputs[0].shape[1], span)] = call
         return call
 
 

@@ -34,7 +34,8 @@ class BufferLayer(DynamicLayer):
     """
 
     def __init__(self, capacity: int = 0):
-        self.slots: torch.Tensor | None = None  # [n] long: ``update`` writes there and returns the whole buffers
+        self.slots: torch.Tensor | None = None  # [n] long: ``update`` writes there, returns the first ``span`` slots
+        self.span: int | None = None
         self._buf: dict[str, torch.Tensor | None] = {"keys": None, "values": None}  # [B, Hkv, capacity, D]
         self._raw: dict[str, torch.Tensor | None] = {"keys": None, "values": None}  # before any 4D tensor: as assigned
         self._length = {"keys": 0, "values": 0}  # apart: transformers assigns keys, then values (crop)
@@ -73,11 +74,11 @@ class BufferLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write the forward's new keys/values ([B, Hkv, n, D]) after the cached ones; returns the views. With
         ``slots`` set (a captured verification pass, headway.inference.target_graphs): writes them at those slots
-        and returns the whole buffers, the length left to the caller (``advance``)."""
+        and returns the buffers' first ``span`` slots, the length left to the caller (``advance``)."""
         if self.slots is not None:
             for name, new in (("keys", key_states), ("values", value_states)):
                 self._buf[name].index_copy_(2, self.slots, new)
-            return self._buf["keys"], self._buf["values"]
+            return self._buf["keys"][:, :, :self.span], self._buf["values"][:, :, :self.span]
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = self._length["keys"]

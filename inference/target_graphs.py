@@ -22,7 +22,8 @@ import logging
 import torch
 
 from headway.heads.target.features import decoder_layers, num_layers
-from headway.inference.graphs import CaptureError, GraphBackend, GraphedCall
+from headway.inference.graphs import (CaptureError, GraphBackend, GraphedCall, kv_span, rope_why_not, same_mode,
+                                      signature, uncapturable_now)
 from headway.inference.kv_cache import BufferLayer, new_cache
 from headway.inference.target_forward import _cache_arg, padded_tree_tensors
 from headway.inference.tree import Tree
@@ -42,7 +43,9 @@ def why_not(model) -> str | None:
     missing = [name for name in ("embed_tokens", "rotary_emb", "norm") if not hasattr(base, name)]
     if missing:
         return f"the target's verification pass cannot be captured: its decoder has no {', '.join(missing)}"
-    return None
+    if getattr(model, "hf_device_map", None) and len(set(map(str, model.hf_device_map.values()))) > 1:
+        return "the target's verification pass cannot be captured: the model is spread over several devices"
+    return rope_why_not(model.config, "the target's verification pass")
 
 
 def graph_width(n: int) -> int:
@@ -64,13 +67,21 @@ class VerifyGraphs:
         self.layers = list(layers or [])
         self._cache = None
         self._buffers: tuple = ()  # the buffers the captured passes write into
-        self._calls: dict[int, GraphedCall] = {}
+        self._calls: dict[tuple[int, int], GraphedCall] = {}  # (width, span) -> the captured pass
+        self._weights: tuple = ()  # the model's weights' signature when they were captured
         self.failed: str | None = None
 
     def cache(self, capacity: int):
         """An empty target cache for a request of up to ``capacity`` tokens: the last one's buffers when they hold
-        it (the captured passes stay valid), else a new one (a power of two, at least ``MIN_CAPACITY``)."""
-        if self._cache is not None and self._slots() >= capacity:
+        it (the captured passes stay valid), else a new one (a power of two, at least ``MIN_CAPACITY``). The captured
+        passes are forgotten when the model's weights moved since (a ``.to()``, a reload) and the cache when it was
+        made in or out of ``torch.inference_mode`` and this request is not."""
+        weights = signature([*self.model.parameters(), *self.model.buffers()])
+        if weights != self._weights:
+            self._calls.clear()
+            self._weights = weights
+        kept = self._cache is not None and all(same_mode(layer._buf["keys"]) for layer in self._cache.layers)
+        if kept and self._slots() >= capacity:
             for layer in self._cache.layers:
                 layer.crop(-layer.get_seq_length())
             return self._cache
@@ -89,7 +100,7 @@ class VerifyGraphs:
         """The pass over ``tree``'s nodes (tokens [N], node 0 first) after ``prefix_len`` cached entries ->
         (logits [N, V], the width W it ran at, the feature rows [W, F] or None), or None: run it eagerly (a capture
         that failed, a cache that is not this one's or too small for the pass)."""
-        if self.failed is not None or cache is not self._cache:
+        if self.failed is not None or cache is not self._cache or uncapturable_now(tokens.device):
             return None
         n = tokens.shape[0]
         width = graph_width(n)
@@ -105,16 +116,16 @@ class VerifyGraphs:
             for buf in buffers:  # attention reads every slot: never-written memory (NaN, inf) would pass a mask
                 buf[:, :, prefix_len:].zero_()
         device, dtype = tokens.device, self.model.dtype
-        capacity = buffers[0].shape[2]
+        span = kv_span(prefix_len + width, buffers[0].shape[2], least=self.MIN_CAPACITY)
         mask, depths = padded_tree_tensors(tree, width, device, dtype)  # [W, W], [W]
-        full = torch.full((1, 1, width, capacity), torch.finfo(dtype).min, dtype=dtype, device=device)
+        full = torch.full((1, 1, width, span), torch.finfo(dtype).min, dtype=dtype, device=device)
         full[0, 0, :, :prefix_len] = 0.0
-        full[0, 0, :, prefix_len:prefix_len + width] = mask  # [1, 1, W, C]
+        full[0, 0, :, prefix_len:prefix_len + width] = mask  # [1, 1, W, span]
         if width > n:
             tokens = torch.cat([tokens, tokens[:1].expand(width - n)])
         inputs = (tokens[None], (depths + prefix_len)[None], full,
                   torch.arange(prefix_len, prefix_len + width, device=device))
-        call = self._calls.get(width) or self._capture(cache, inputs)
+        call = self._calls.get((width, span)) or self._capture(cache, inputs, span)
         if call is None:
             return None
         outputs = call(*inputs)
@@ -123,14 +134,14 @@ class VerifyGraphs:
         logits = outputs[0][:n].clone()  # the next replay (or another width's) overwrites the static outputs
         return logits, width, outputs[1].clone() if self.layers else None
 
-    def _capture(self, cache, inputs) -> GraphedCall | None:
+    def _capture(self, cache, inputs, span: int) -> GraphedCall | None:
         model, layers = self.model, self.layers
         base, blocks, depth = model.get_decoder(), decoder_layers(model), num_layers(model)
         name = _cache_arg(blocks[0])
 
         def step(ids, positions, mask, slots):
             for layer in cache.layers:
-                layer.slots = slots
+                layer.slots, layer.span = slots, span
             try:
                 hidden = base.embed_tokens(ids)  # [1, W, H]
                 embeddings = base.rotary_emb(hidden, positions)
@@ -146,7 +157,7 @@ class VerifyGraphs:
                 logits = model.get_output_embeddings()(hidden)[0]  # [W, V]
             finally:
                 for layer in cache.layers:
-                    layer.slots = None
+                    layer.slots = layer.span = None
             if not layers:
                 return (logits,)
             return logits, torch.cat([kept[i] for i in layers], dim=-1)[0]  # [W, F]
@@ -161,5 +172,5 @@ class VerifyGraphs:
             self.failed = why
             log.warning("%s; verifying without graphs", why)
             return None
-        self._calls[inputs[0].shape[1]] = call
+        self._calls[(inputs[0].shape[1], span)] = call
         return call

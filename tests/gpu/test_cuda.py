@@ -76,8 +76,9 @@ def test_fsdp_on_two_gpus_matches_ddp(tmp_path):
 @pytest.mark.parametrize("tree", ["tree-15", {"depth": 5, "top_k": 8, "total_tokens": 40}])
 def test_cuda_graphs_draft_what_eager_drafts(tree):
     """The EAGLE drafter's levels and the target's verification pass captured in CUDA graphs (the default on CUDA):
-    greedy output equals generate's, the drafts match the eager ones' (fp32: up to the attention kernel's rounding
-    over a longer masked buffer), and nothing is captured twice (one graph per width and buffer)."""
+    greedy output equals generate's, each prompt's first rounds draft what the eager ones draft (fp32: up to the
+    kernels' rounding over a longer masked span, so compared until the first difference), and nothing is captured
+    twice (one graph per width and span)."""
     from headway.inference.graphs import CudaGraphs
 
     target, _ = build_tiny_target("llama", seed=3)
@@ -90,13 +91,22 @@ def test_cuda_graphs_draft_what_eager_drafts(tree):
         gen = SpeculativeGenerator(target, head, tree=tree, cuda_graphs=flag)
         rounds, propose = [], gen.drafter.propose
         gen.drafter.propose = lambda ctx, propose=propose, rounds=rounds: rounds.append(propose(ctx)) or rounds[-1]
-        for i, prompt in enumerate(prompts):
+        per_prompt = []
+        for prompt in prompts:
             ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=32,
                                   eos_token_id=None, pad_token_id=0)
+            start = len(rounds)
             assert torch.equal(gen.generate(prompt, max_new_tokens=32, eos_token_id=None).sequences, ref)
-        drafts[bool(flag)] = [d.tokens.tolist() for d in rounds]
+            per_prompt.append([d.tokens.tolist() for d in rounds[start:]])
+        drafts[bool(flag)] = per_prompt
         if flag:
             assert gen._verify_graphs._calls and gen.drafter._graphs._calls
             assert flag.captures == len(gen._verify_graphs._calls) + len(gen.drafter._graphs._calls)
-    same = sum(a == b for a, b in zip(drafts[False], drafts[True]))
-    assert len(drafts[False]) == len(drafts[True]) and same >= 0.9 * len(drafts[False])
+    same = total = 0
+    for eager, graphed in zip(drafts[False], drafts[True]):
+        total += len(eager)
+        for a, b in zip(eager, graphed):
+            if a != b:
+                break
+            same += 1
+    assert same >= 0.8 * total, f"{same} of {total} rounds drafted alike before a difference"

@@ -198,3 +198,61 @@ def test_auto_prices_a_captured_pass_at_its_padded_width(family, eagle):
     eager = SpeculativeGenerator(family.target, eagle[3], tree="auto", cost_curve=made_up_curve(0.05), pad_to=1)
     eager.generate(family.prompts[0], max_new_tokens=4)
     assert not eager._controller.graphed and eager._controller.width(5) == 5
+
+
+def test_requests_in_and_out_of_inference_mode(family, eagle):
+    """The captured steps' buffers persist across requests: one made under ``torch.inference_mode`` cannot be written
+    outside it (nor the reverse), so such a request starts new ones."""
+    gen = SpeculativeGenerator(family.target, eagle[3], tree="tree-15", cuda_graphs=TracedGraphs())
+    cases = list(zip(family.prompts, family.max_new, family.references))[:4]
+    for i, (prompt, max_new, ref) in enumerate(cases):
+        with torch.inference_mode(i % 2 == 0):
+            assert torch.equal(gen.generate(prompt, max_new_tokens=max_new).sequences, ref)
+
+
+def test_moved_weights_are_captured_again(family, eagle):
+    """A captured step reads the weights at the addresses it saw: after the target's lm_head is replaced (a reload,
+    a ``.to()``) the next request captures again and computes with the new weights."""
+    target = family.target
+    backend = TracedGraphs()
+    gen = SpeculativeGenerator(target, eagle[3], tree="tree-15", cuda_graphs=backend)
+    prompt, max_new = family.prompts[1], family.max_new[1]
+    gen.generate(prompt, max_new_tokens=max_new)
+    old = target.lm_head.weight
+    g = torch.Generator().manual_seed(0)
+    try:
+        target.lm_head.weight = torch.nn.Parameter(old.detach() + torch.randn(old.shape, generator=g, dtype=old.dtype),
+                                                   requires_grad=False)
+        ref = reference_generate(target, prompt, max_new)
+        assert not torch.equal(ref, family.references[1])  # the new weights change the output
+        before = backend.captures
+        assert torch.equal(gen.generate(prompt, max_new_tokens=max_new).sequences, ref)
+        assert backend.captures > before
+    finally:
+        target.lm_head.weight = old
+
+
+def test_auto_learns_nothing_from_a_round_that_captured(family, eagle, monkeypatch):
+    """A capture (warm-up runs, the capture itself) inside a round would read as a slow pass and a slow draft:
+    tree="auto" takes neither time from such a round."""
+    from tests.inference.spec_utils import made_up_curve
+
+    backend = TracedGraphs()
+    gen = SpeculativeGenerator(family.target, eagle[3], tree="auto", cost_curve=made_up_curve(0.05),
+                               cuda_graphs=backend)
+    seen, captured = [], [False]
+    capture = backend.capture
+    monkeypatch.setattr(backend, "capture", lambda run: captured.__setitem__(0, True) or capture(run))
+    gen.prepare()
+    observe = gen._controller.observe
+
+    def observed(draft, path, prefix_len, drafted, verify_seconds=0.0, width=None):
+        seen.append((captured[0], verify_seconds))
+        captured[0] = False
+        return observe(draft, path, prefix_len, drafted, verify_seconds, width)
+
+    monkeypatch.setattr(gen._controller, "observe", observed)
+    for prompt, max_new, ref in list(zip(family.prompts, family.max_new, family.references))[:4]:
+        assert torch.equal(gen.generate(prompt, max_new_tokens=max_new).sequences, ref)
+    assert any(c for c, _ in seen) and all(s == 0.0 for c, s in seen if c)
+    assert any(s > 0 for c, s in seen if not c)

@@ -81,4 +81,26 @@ def test_what_cannot_be_captured_says_so(target):
     graphs = VerifyGraphs(target, TracedGraphs(), [])
     other = new_cache(target, 64)  # not the one it keeps: its passes would write elsewhere
     prefill(target, other, torch.randint(4, 200, (1, 10)))
-    assert graphs.verify(other, chain(2), torch.tensor([5, 6]), 10) is None
+    assert graphs.verify(other, chain(1), torch.tensor([5, 6]), 10) is None
+
+
+def test_a_dynamic_rope_or_autocast_is_not_captured(target):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=218, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert why_not(LlamaForCausalLM(cfg)) == ("the target's verification pass cannot be captured in a graph: its RoPE "
+                                              "is 'dynamic' (frequencies updated on the host)")
+    from headway.heads import EagleHead
+    from headway.inference.graphs import EagleStepGraphs
+
+    head = EagleHead.from_target(LlamaForCausalLM(cfg), version=3)
+    assert EagleStepGraphs(head, TracedGraphs()).failed.startswith("the EAGLE drafter's step cannot be captured")
+    # under autocast a replay would read the cast weights autocast frees when it ends: eager instead
+    backend = TracedGraphs()
+    graphs = VerifyGraphs(target, backend, [])
+    cache = graphs.cache(64)
+    prefill(target, cache, torch.randint(4, 200, (1, 10)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert graphs.verify(cache, chain(1), torch.tensor([5, 6]), 10) is None
+    assert graphs.verify(cache, chain(1), torch.tensor([5, 6]), 10) is not None and backend.captures == 1
