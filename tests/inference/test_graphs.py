@@ -58,7 +58,10 @@ def prompts_with_a_long_one(family, n: int = 6):
     return list(zip(family.prompts[:n], family.max_new[:n])) + [(long, 30)]
 
 
-@pytest.mark.parametrize("name", list(CASES))
+SLOW_CASES = ("eagle3-dynamic-host", "eagle1-chain")  # the default lane keeps a static and a tensor-op dynamic tree
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in CASES])
 def test_graphed_levels_draft_what_eager_levels_draft(family, eagle, name):
     compare_rounds(family, eagle, name)
 
@@ -204,7 +207,7 @@ def test_requests_in_and_out_of_inference_mode(family, eagle):
     """The captured steps' buffers persist across requests: one made under ``torch.inference_mode`` cannot be written
     outside it (nor the reverse), so such a request starts new ones."""
     gen = SpeculativeGenerator(family.target, eagle[3], tree="tree-15", cuda_graphs=TracedGraphs())
-    cases = list(zip(family.prompts, family.max_new, family.references))[:4]
+    cases = list(zip(family.prompts, family.max_new, family.references))[:3]  # in, out, in again
     for i, (prompt, max_new, ref) in enumerate(cases):
         with torch.inference_mode(i % 2 == 0):
             assert torch.equal(gen.generate(prompt, max_new_tokens=max_new).sequences, ref)
