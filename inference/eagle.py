@@ -25,7 +25,7 @@ from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
                                         run_alone)
 from headway.inference.graphs import EagleStepGraphs, same_mode
-from headway.inference.expand import (DynamicTree, additive_mask, expand_dynamic_tensors, feed_block, grow_dynamic,
+from headway.inference.expand import (DynamicTree, additive_mask, feed_block, grow_dynamic, grow_dynamic_tensors,
                                       grow_static)
 from headway.inference.tree import Tree
 
@@ -53,10 +53,10 @@ class EagleProposer(Proposer):
     """Wraps an ``EagleHead``; default tree: EAGLE-2 dynamic (CPU- or GPU-sized).
 
     ``tensor_rounds``: True grows a dynamic tree with tensor ops and one read for the kept tree
-    (``expand_dynamic_tensors``); False takes the host version, which reads once per level and
-    skips pruned rows (the same tree); None (the default) is True on CUDA, where a read is a sync,
-    and False elsewhere: on a CPU a read costs nothing and the host version's own work measured
-    less (scripts/runtime_probe.py, BENCHMARKS.md)."""
+    (``grow_dynamic_tensors``; a batch's rows level by level in one head pass too); False takes the host
+    version, which reads once per level and skips pruned rows (the same tree); None (the default) is True
+    on CUDA, where a read is a sync, and False elsewhere: on a CPU a read costs nothing and the host
+    version's own work measured less (scripts/runtime_probe.py, BENCHMARKS.md)."""
 
     tensor_rounds: bool | None = None
 
@@ -111,10 +111,6 @@ class EagleProposer(Proposer):
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
-        tree = self.default_tree() if ctx.tree is None else ctx.tree
-        tensor_rounds = self.tensor_rounds if self.tensor_rounds is not None else self._device.type == "cuda"
-        if isinstance(tree, DynamicTree) and tensor_rounds:
-            return self._propose_tensors(ctx, tree)
         return run_alone(self.propose_steps(ctx))
 
     def _catch_up(self, ctx: DraftContext) -> torch.Tensor | None:
@@ -158,8 +154,9 @@ class EagleProposer(Proposer):
 
     @torch.no_grad()
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
-        """The static tree or the host version of a dynamic one, each model step a request (``CatchUp``,
-        ``Project``, ``Feed``) that a batch runs with its other rows' (``StackedRows``)."""
+        """The static tree or a dynamic one (grown with tensor ops, ``grow_dynamic_tensors``, or on the host,
+        ``grow_dynamic``: ``tensor_rounds``), each model step a request (``CatchUp``, ``Project``, ``Feed``) that a
+        batch runs with its other rows' (``StackedRows``)."""
         root_h = (yield CatchUp(self, ctx.tokens, ctx.features)) if self._new_positions(ctx) else None
         tree = self.default_tree() if ctx.tree is None else ctx.tree
         if not isinstance(tree, DynamicTree):
@@ -168,6 +165,11 @@ class EagleProposer(Proposer):
             return root_only(ctx)
         head, device, length = self.head, self._device, ctx.tokens.shape[0]
         root_logits = (yield Project(head, root_h[None]))[0]  # [V']
+        tensor_rounds = self.tensor_rounds if self.tensor_rounds is not None else device.type == "cuda"
+        if isinstance(tree, DynamicTree) and tensor_rounds:
+            draft = yield from self._grow_tensors(tree, ctx, root_h, root_logits)
+            self._cache.crop(self._seen)
+            return draft
         if isinstance(tree, DynamicTree):
             growth = grow_dynamic(tree, ctx.max_depth, ctx.root_token, root_logits, head.to_target_ids)
         else:
@@ -188,30 +190,19 @@ class EagleProposer(Proposer):
         self._cache.crop(self._seen)
         return draft
 
-    def _propose_tensors(self, ctx: DraftContext, tree: DynamicTree) -> Draft:
-        """A dynamic tree grown with tensor ops (``expand_dynamic_tensors``: one read)."""
-        root_h = self._catch_up(ctx)
-        if root_h is None:
-            return root_only(ctx)
-        head, device, length = self.head, self._device, ctx.tokens.shape[0]
-        root_logits = few_rows_linear(*head.projection(root_h))  # [V'] (the same product as head.logits)
-        last = [root_h[None]]  # the previous feed's outputs [R, H] (the root's first), for rows_feed
-
-        def rows_feed(tokens: torch.Tensor, parent_rows: torch.Tensor, depth: int, allowed: torch.Tensor):
-            r = tokens.shape[0]
-            hid = last[0][parent_rows.clamp(min=0)]  # [R, H] (-1: the root, row 0 of the first "feed")
-            pos = torch.full((r,), length - 2 + depth, dtype=torch.long, device=device)
-            graphed = self._level_graphed(tokens, hid, pos, ~allowed)
-            if graphed is not None:
-                last[0], logits = graphed
-                return logits
-            mask = additive_mask(~allowed, self._seen, root_h.dtype)  # [1, 1, R, seen + F + R]
-            last[0] = head(tokens[None], hid[None], pos[None], attention_mask=mask, cache=self._cache)[0]  # [R, H]
-            return few_rows_linear(*head.projection(last[0]))  # [R, V']
-
-        draft = expand_dynamic_tensors(tree, ctx.max_depth, ctx.root_token, root_logits, rows_feed, head.to_target_ids)
-        self._cache.crop(self._seen)
-        return draft
+    def _grow_tensors(self, tree: DynamicTree, ctx: DraftContext, root_h: torch.Tensor, root_logits: torch.Tensor):
+        """A dynamic tree grown with tensor ops (one read, for the kept tree), each level a ``Feed``: every row
+        reads its parent's output among the previous feed's rows (the root's for the first)."""
+        growth = grow_dynamic_tensors(tree, ctx.max_depth, ctx.root_token, root_logits, self.head.to_target_ids)
+        last, start = root_h[None], ctx.tokens.shape[0] - 2  # the previous feed's outputs [R, H]; the root's position
+        try:
+            tokens, parent_rows, depth, allowed = next(growth)
+            while True:
+                positions = torch.full((tokens.shape[0],), start + depth, dtype=torch.long, device=self._device)
+                last, logits = yield Feed(self, tokens, positions, last[parent_rows.clamp(min=0)], ~allowed)
+                tokens, parent_rows, depth, allowed = growth.send(logits)
+        except StopIteration as done:
+            return done.value
 
     def _level_graphed(self, tokens, hidden, positions, blocked):
         """A single-row tree level through the captured step (``EagleStepGraphs.level``); None: run it eagerly."""

@@ -298,7 +298,22 @@ FeedRows = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tenso
 
 def expand_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int, root_logits: torch.Tensor,
                            feed: FeedRows, to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> Draft:
-    """``expand_dynamic`` as tensor ops with fixed shapes: no read until the kept tree, which is one.
+    """``grow_dynamic_tensors`` run to its Draft, each of its feeds by ``feed``."""
+    growth = grow_dynamic_tensors(settings, max_depth, root_token, root_logits, to_target)
+    try:
+        rows = next(growth)
+        while True:
+            rows = growth.send(feed(*rows))
+    except StopIteration as done:
+        return done.value
+
+
+def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int, root_logits: torch.Tensor,
+                         to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x
+                         ) -> Generator[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor, Draft]:
+    """``expand_dynamic`` as tensor ops with fixed shapes: no read until the kept tree, which is one. A generator:
+    it yields each feed's ``FeedRows`` arguments (tokens, parent_rows, depth, allowed), is sent their logits [R, V']
+    and returns the Draft (a batch runs its rows' feeds together).
 
     Every level feeds ``top_k`` rows (the level's best, ids ascending as the host version feeds
     them). Dropping a row takes a read, so there is no pruning: a row ``settings.prune`` would skip
@@ -333,7 +348,7 @@ def expand_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: in
         rows = best // width  # [R'] each new row's parent among this level's rows (the previous feed's)
         allowed = torch.cat([allowed[rows], torch.eye(best.shape[0], dtype=torch.bool, device=device)], 1)  # [R', F']
         frontier = base + best
-        logits = feed(tokens[frontier], rows if level else torch.full_like(rows, -1), level + 1, allowed)
+        logits = yield tokens[frontier], rows if level else torch.full_like(rows, -1), level + 1, allowed
     # the total best by (-score, depth, id): stable sorts, last key first; their order is the host's to make
     ids = torch.arange(1, score.shape[0], device=device)
     ids = ids[torch.argsort(depths[ids], stable=True)]

@@ -90,8 +90,11 @@ def test_bad_trees(family, eagle):
         SpeculativeGenerator(family.target, family.heads, tree={"depth": 3})  # Medusa: static trees only
 
 
-@pytest.mark.parametrize("tree", ["tree-15", {"depth": 4, "top_k": 3, "total_tokens": 10}])
-def test_rows_drafted_together_equal_each_row_drafted_alone(family, eagle, tree, monkeypatch):
+DYNAMIC_HOST = {"depth": 4, "top_k": 3, "total_tokens": 10}
+
+
+@pytest.mark.parametrize("tree,tensor_rounds", [("tree-15", None), (DYNAMIC_HOST, False), (DYNAMIC_HOST, True)])
+def test_rows_drafted_together_equal_each_row_drafted_alone(family, eagle, tree, tensor_rounds, monkeypatch):
     """A batch's rows drafting side by side (each level of every row's tree in one head pass over the stacked
     draft caches, the root projections in one product, the second round's catch-ups in one pass) make each row
     the draft and the cache it makes alone: rows of different context lengths, in a first round and in a second
@@ -104,6 +107,8 @@ def test_rows_drafted_together_equal_each_row_drafted_alone(family, eagle, tree,
     layers = gen.drafter.feature_layers
     picked = [0, 3, 5, 8]
     alone, together = [gen.drafter.fork() for _ in picked], [gen.drafter.fork() for _ in picked]
+    for p in alone + together:  # a dynamic tree grown on the host (a CPU's default) or with tensor ops (CUDA's)
+        p.tensor_rounds = tensor_rounds
     feeds, catch_ups = [], []
     monkeypatch.setattr(StackedRows, "feed", lambda self, requests, feed=StackedRows.feed: feeds.append(
         len(requests)) or feed(self, requests))
