@@ -262,7 +262,8 @@ def run_generate(args) -> int:
             pack_linears(target)  # float32 CPU only: the verification passes' GEMMs on prepacked weights
         generator = torch.Generator(device).manual_seed(args.seed) if args.seed is not None else None
         tree = "auto" if args.tree is None else None if args.tree == "default" else parse_tree(args.tree)
-        gen = SpeculativeGenerator(target, drafter, tree=tree).prepare()  # auto: its cost curve
+        # prepare: tree="auto"'s cost curve
+        gen = SpeculativeGenerator(target, drafter, tree=tree, cuda_graphs=args.cuda_graphs).prepare()
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, generator=generator,
                            eos_token_id=eos, streamer=streamer, **sampling)
         seq = out.sequences
@@ -314,6 +315,10 @@ def add_generate(sub) -> None:
                    help="with a drafter on a float32 CPU target: prepack the target's linear weights for the "
                         "multi-row verification passes (~10%% faster rounds, twice the linear weights' memory; "
                         "no-op elsewhere)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="on a CUDA device the drafter's levels and the target's pass run as CUDA graphs (the default: "
+                        "where they can be captured); --cuda-graphs makes a part that cannot be captured an error, "
+                        "--no-cuda-graphs turns them off; no-op elsewhere")
     p.add_argument("--seed", type=int, help="seed for sampling")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.set_defaults(run=run_generate)

@@ -224,9 +224,9 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == greedy_text(tiny_target, 20) + "\n"
     assert stats_line(captured.err).startswith("tau 5.00 (20 new tokens in 4 target passes)"), captured.err
-    # the same with MKL's GEMM as loaded (the default prepacks the float32 CPU target's linears), and
-    # without prompt lookup merged into the draft model's tree (--no-lookup)
-    for flag in ("--no-pack-linears", "--no-lookup"):
+    # the same with MKL's GEMM as loaded (the default prepacks the float32 CPU target's linears), without prompt
+    # lookup merged into the draft model's tree (--no-lookup), and with CUDA graphs asked for or off (a CPU: no-op)
+    for flag in ("--no-pack-linears", "--no-lookup", "--cuda-graphs", "--no-cuda-graphs"):
         assert main(["generate", "--model", str(tiny_target), "--draft-model", str(tiny_target), "--prompt", PROMPT,
                      "--max-new-tokens", "20", "--device", "cpu", "--tree", "default", flag]) == 0
         captured = capsys.readouterr()
