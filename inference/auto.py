@@ -56,7 +56,7 @@ from headway.inference.cost_curve import CostCurve, OnlineCost
 from headway.inference.proposer import Draft, Probe, can_probe
 from headway.inference.tree import Tree
 from headway.inference.target_forward import verify_width
-from headway.inference.target_graphs import graph_width
+from headway.inference.graphs import graph_width
 
 MAX_BACKOFF = 16  # rounds without drafting, at most, before the drafter is tried again
 PRIOR_WEIGHT = 2.0  # tries the drafter's own estimate counts for in a calibration cell

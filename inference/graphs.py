@@ -22,9 +22,6 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
-
-log = logging.getLogger(__name__)
-
 Run = Callable[[], Sequence[torch.Tensor]]
 
 
@@ -112,11 +109,16 @@ class CaptureError(ValueError):
     """A step that cannot be captured, asked for explicitly (``cuda_graphs=True``)."""
 
 
+def graph_width(n: int) -> int:
+    """The captured width n rows are padded to: the next power of two (a few captures cover all)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def kv_span(needed: int, capacity: int, least: int = 128) -> int:
     """The cache slots a captured step attends over: the power of two that holds ``needed`` (at least ``least``),
     at most the buffer's ``capacity``. A step is captured per span, so attention (and transformers' copy of the keys
     and values per query head) grows with the context, not with the buffer."""
-    return min(capacity, max(least, 1 << max(0, needed - 1).bit_length()))
+    return min(capacity, max(least, graph_width(needed)))
 
 
 def same_mode(buffer: torch.Tensor | None) -> bool:
@@ -146,26 +148,79 @@ def rope_why_not(config, what: str) -> str | None:
     return None
 
 
-class EagleStepGraphs:
-    """An EAGLE head's tree level (R nodes through the layer and the vocabulary projection) captured once per
-    width R and cache buffer, replayed for every later level of that width.
+class StepGraphs:
+    """A step captured once per (width, span) over cache buffers it writes in place, replayed after: what the
+    drafter's levels (``EagleStepGraphs``) and the target's pass (``target_graphs.VerifyGraphs``) share.
 
-    ``strict``: a failed capture raises ``CaptureError`` (graphs asked for); otherwise it is logged once
-    and every later level runs eagerly."""
+    ``strict``: a failed capture raises ``CaptureError`` (graphs asked for); otherwise it is logged once and
+    every later step runs eagerly (``failed`` says why). Subclasses name the step (``WHAT``), say what runs
+    instead (``INSTEAD``) and build it (``_step``)."""
+
+    WHAT = "the step"
+    INSTEAD = "running it eagerly"
+
+    def __init__(self, backend: GraphBackend, strict: bool = False, failed: str | None = None):
+        self.backend, self.strict, self.failed = backend, strict, failed
+        self._calls: dict[tuple[int, int], GraphedCall] = {}  # (width, span) -> the captured step
+        self._buffers: tuple = ()  # the cache buffers the captured steps write into (kept alive with them)
+        self._weights: tuple = ()  # the weights' signature when they were captured
+
+    def forget_if_moved(self, weights) -> None:
+        """A new request: forget the captured steps if ``weights`` moved since (re-bound, cast, loaded)."""
+        now = signature(weights)
+        if now != self._weights:
+            self._calls.clear()
+            self._weights = now
+
+    def adopt(self, buffers: tuple, start: int) -> None:
+        """The cache buffers the next steps write. New ones (a first request, a grown buffer): the captures of the
+        old ones write elsewhere and are forgotten, and the slots from ``start`` on start as zeros: attention reads
+        every slot of its span, masked or not, and never-written memory may hold NaN or inf, which a mask cannot
+        hide (NaN + min is NaN)."""
+        if len(buffers) != len(self._buffers) or any(a is not b for a, b in zip(buffers, self._buffers)):
+            self._calls.clear()
+            self._buffers = buffers
+            for buf in buffers:
+                buf[:, :, start:].zero_()
+
+    def _call(self, cache, inputs, span: int) -> GraphedCall | None:
+        """The step for ``inputs`` (its width: ``inputs[0]``'s second dimension) and ``span``: captured before, or
+        now; None when it cannot be captured (not strict)."""
+        key = (inputs[0].shape[1], span)
+        call = self._calls.get(key)
+        if call is not None:
+            return call
+        try:
+            call = GraphedCall(self._step(cache, span), inputs, self.backend)
+        except Exception as e:  # noqa: BLE001 - any failure to capture falls back (or, asked for, says why)
+            first = str(e).splitlines()[0] if str(e) else ""
+            why = f"{self.WHAT} cannot be captured in a graph ({type(e).__name__}: {first})"
+            if self.strict:
+                raise CaptureError(f"cuda_graphs=True: {why}; pass cuda_graphs=None to fall back to eager") from e
+            self.failed = why
+            logging.getLogger(type(self).__module__).warning("%s; %s", why, self.INSTEAD)
+            return None
+        self._calls[key] = call
+        return call
+
+    def _step(self, cache, span: int) -> Callable[..., Sequence[torch.Tensor]]:
+        raise NotImplementedError
+
+
+class EagleStepGraphs(StepGraphs):
+    """An EAGLE head's tree level (R nodes through the layer and the vocabulary projection) captured once per
+    width R, span and cache buffer, replayed for every later level of that width."""
+
+    WHAT = "the EAGLE drafter's step"
+    INSTEAD = "drafting without graphs"
 
     def __init__(self, head, backend: GraphBackend, strict: bool = False):
-        self.head, self.backend, self.strict = head, backend, strict
-        self._calls: dict[tuple[int, int], GraphedCall] = {}  # (width, span) -> the captured level
-        self._buffers: tuple = ()  # the cache buffers the captured steps write into (kept alive with them)
-        self._weights: tuple = ()  # the head's weights' signature when they were captured
-        self.failed: str | None = rope_why_not(head.config.llama_config(), "the EAGLE drafter's step")
+        super().__init__(backend, strict, rope_why_not(head.config.llama_config(), self.WHAT))
+        self.head = head
 
     def check(self) -> None:
         """A new request: forget the captured levels if the head's weights moved since (re-bound, cast, loaded)."""
-        weights = signature([*self.head.parameters(), *self.head.buffers(), *self.head._bound])
-        if weights != self._weights:
-            self._calls.clear()
-            self._weights = weights
+        self.forget_if_moved([*self.head.parameters(), *self.head.buffers(), *self.head._bound])
 
     def level(self, cache, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
               blocked: torch.Tensor, prefix: int):
@@ -180,29 +235,21 @@ class EagleStepGraphs:
             raise RuntimeError(f"a graphed level of {r} nodes after {start} cache entries masks {cols} columns "
                                f"after {prefix}")
         cache.reserve(start + r)
-        if not self._buffers or self._buffers[0] is not cache._keys:  # a new (grown) buffer: old graphs write elsewhere
-            self._calls.clear()
-            self._buffers = (cache._keys, cache._values)
-            # attention reads every slot of its span, masked or not: never-written memory may hold NaN or inf,
-            # which a mask cannot hide (NaN + min is NaN), so the slots past the cached entries start as zeros
-            cache._keys[:, :, start:].zero_()
-            cache._values[:, :, start:].zero_()
+        self.adopt((cache._keys, cache._values), start)
         span, dtype, device = kv_span(start + r, cache.capacity), hidden.dtype, hidden.device
         mask = torch.full((1, 1, r, span), torch.finfo(dtype).min, dtype=dtype, device=device)
         mask[0, 0, :, :prefix] = 0.0
         mask[0, 0, :, prefix:prefix + cols].masked_fill_(~blocked, 0.0)  # [1, 1, R, C]
         slots = torch.arange(start, start + r, device=device)
         inputs = (tokens[None], hidden[None], positions[None], mask, slots)
-        call = self._calls.get((r, span))
+        call = self._call(cache, inputs, span)
         if call is None:
-            call = self._capture(cache, inputs, span)
-            if call is None:
-                return None
+            return None
         out, logits = call(*inputs)
         cache.advance(r)
         return out.clone(), logits.clone()  # the next replay overwrites the static outputs
 
-    def _capture(self, cache, inputs, span: int) -> GraphedCall | None:
+    def _step(self, cache, span: int):
         head = self.head
 
         def step(tokens, hidden, positions, mask, slots):
@@ -213,18 +260,7 @@ class EagleStepGraphs:
                 cache.slots = cache.span = None
             return out, F.linear(*head.projection(out))
 
-        try:
-            call = GraphedCall(step, inputs, self.backend)
-        except Exception as e:  # noqa: BLE001 - any failure to capture falls back (or, asked for, says why)
-            first = str(e).splitlines()[0] if str(e) else ""
-            why = f"the EAGLE drafter's step cannot be captured in a graph ({type(e).__name__}: {first})"
-            if self.strict:
-                raise CaptureError(f"cuda_graphs=True: {why}; pass cuda_graphs=None to fall back to eager") from e
-            self.failed = why
-            log.warning("%s; drafting without graphs", why)
-            return None
-        self._calls[(inputs[0].shape[1], span)] = call
-        return call
+        return step
 
 
 def resolve_backend(flag, device: torch.device) -> tuple[GraphBackend | None, bool]:

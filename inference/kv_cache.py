@@ -87,7 +87,6 @@ class BufferLayer(DynamicLayer):
             self._length[name] = start + new.shape[2]
         return self.keys, self.values
 
-
     def advance(self, n: int) -> None:
         """Count ``n`` entries written through ``slots`` right after the cached ones."""
         for name in ("keys", "values"):

@@ -17,18 +17,14 @@ only (Llama, Qwen2, Qwen3, Mistral; SmolLM2); others verify eagerly (``why_not``
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from headway.heads.target.features import decoder_layers, num_layers
-from headway.inference.graphs import (CaptureError, GraphBackend, GraphedCall, kv_span, rope_why_not, same_mode,
-                                      signature, uncapturable_now)
+from headway.inference.graphs import (GraphBackend, StepGraphs, graph_width, kv_span, rope_why_not, same_mode,
+                                      uncapturable_now)
 from headway.inference.kv_cache import BufferLayer, new_cache
 from headway.inference.target_forward import _cache_arg, padded_tree_tensors
 from headway.inference.tree import Tree
-
-log = logging.getLogger(__name__)
 
 CAPTURED_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoders whose forward is exactly these modules in order
 
@@ -48,38 +44,29 @@ def why_not(model) -> str | None:
     return rope_why_not(model.config, "the target's verification pass")
 
 
-def graph_width(n: int) -> int:
-    """The captured width a tree of n nodes is padded to: the next power of two (a few captures cover all)."""
-    return 1 << max(0, n - 1).bit_length()
-
-
-class VerifyGraphs:
-    """The target's verification pass captured per width over a cache whose buffers persist across requests.
+class VerifyGraphs(StepGraphs):
+    """The target's verification pass captured per width and span over a cache whose buffers persist across
+    requests.
 
     ``layers``: the feature layers the drafter reads (transformers hidden_states ids; the number of layers = after
-    the final norm), returned with the logits. ``strict``: a failed capture raises ``CaptureError``; otherwise it
-    is logged once and every later pass runs eagerly."""
+    the final norm), returned with the logits. ``strict``: as ``StepGraphs``."""
 
     MIN_CAPACITY = 256
+    WHAT = "the target's verification pass"
+    INSTEAD = "verifying without graphs"
 
     def __init__(self, model, backend: GraphBackend, layers, strict: bool = False):
-        self.model, self.backend, self.strict = model, backend, strict
+        super().__init__(backend, strict)
+        self.model = model
         self.layers = list(layers or [])
         self._cache = None
-        self._buffers: tuple = ()  # the buffers the captured passes write into
-        self._calls: dict[tuple[int, int], GraphedCall] = {}  # (width, span) -> the captured pass
-        self._weights: tuple = ()  # the model's weights' signature when they were captured
-        self.failed: str | None = None
 
     def cache(self, capacity: int):
         """An empty target cache for a request of up to ``capacity`` tokens: the last one's buffers when they hold
         it (the captured passes stay valid), else a new one (a power of two, at least ``MIN_CAPACITY``). The captured
         passes are forgotten when the model's weights moved since (a ``.to()``, a reload) and the cache when it was
         made in or out of ``torch.inference_mode`` and this request is not."""
-        weights = signature([*self.model.parameters(), *self.model.buffers()])
-        if weights != self._weights:
-            self._calls.clear()
-            self._weights = weights
+        self.forget_if_moved([*self.model.parameters(), *self.model.buffers()])
         kept = self._cache is not None and all(same_mode(layer._buf["keys"]) for layer in self._cache.layers)
         if kept and self._slots() >= capacity:
             for layer in self._cache.layers:
@@ -110,11 +97,7 @@ class VerifyGraphs:
         if prefix_len + width > layers[0]._buf["keys"].shape[2] or cache.get_seq_length() != prefix_len:
             return None
         buffers = tuple(layer._buf[name] for layer in layers for name in ("keys", "values"))
-        if len(buffers) != len(self._buffers) or any(a is not b for a, b in zip(buffers, self._buffers)):
-            self._calls.clear()  # new buffers (a first request, or grown): the old captures write elsewhere
-            self._buffers = buffers
-            for buf in buffers:  # attention reads every slot: never-written memory (NaN, inf) would pass a mask
-                buf[:, :, prefix_len:].zero_()
+        self.adopt(buffers, prefix_len)
         device, dtype = tokens.device, self.model.dtype
         span = kv_span(prefix_len + width, buffers[0].shape[2], least=self.MIN_CAPACITY)
         mask, depths = padded_tree_tensors(tree, width, device, dtype)  # [W, W], [W]
@@ -125,7 +108,7 @@ class VerifyGraphs:
             tokens = torch.cat([tokens, tokens[:1].expand(width - n)])
         inputs = (tokens[None], (depths + prefix_len)[None], full,
                   torch.arange(prefix_len, prefix_len + width, device=device))
-        call = self._calls.get((width, span)) or self._capture(cache, inputs, span)
+        call = self._call(cache, inputs, span)
         if call is None:
             return None
         outputs = call(*inputs)
@@ -134,7 +117,7 @@ class VerifyGraphs:
         logits = outputs[0][:n].clone()  # the next replay (or another width's) overwrites the static outputs
         return logits, width, outputs[1].clone() if self.layers else None
 
-    def _capture(self, cache, inputs, span: int) -> GraphedCall | None:
+    def _step(self, cache, span: int):
         model, layers = self.model, self.layers
         base, blocks, depth = model.get_decoder(), decoder_layers(model), num_layers(model)
         name = _cache_arg(blocks[0])
@@ -162,15 +145,4 @@ class VerifyGraphs:
                 return (logits,)
             return logits, torch.cat([kept[i] for i in layers], dim=-1)[0]  # [W, F]
 
-        try:
-            call = GraphedCall(step, inputs, self.backend)
-        except Exception as e:  # noqa: BLE001 - any failure to capture falls back (or, asked for, says why)
-            first = str(e).splitlines()[0] if str(e) else ""
-            why = f"the target's verification pass cannot be captured in a graph ({type(e).__name__}: {first})"
-            if self.strict:
-                raise CaptureError(f"cuda_graphs=True: {why}; pass cuda_graphs=None to fall back to eager") from e
-            self.failed = why
-            log.warning("%s; verifying without graphs", why)
-            return None
-        self._calls[(inputs[0].shape[1], span)] = call
-        return call
+        return step

@@ -8,10 +8,10 @@ import torch
 
 from headway.heads.target.features import FeatureCapture
 from headway.heads.target.tiny import build_tiny_target
-from headway.inference.graphs import TracedGraphs
+from headway.inference.graphs import TracedGraphs, graph_width
 from headway.inference.kv_cache import compact_cache, new_cache
 from headway.inference.target_forward import prefill, tree_forward
-from headway.inference.target_graphs import VerifyGraphs, graph_width, why_not
+from headway.inference.target_graphs import VerifyGraphs, why_not
 from headway.inference.tree import chain, load_tree
 
 
