@@ -37,7 +37,7 @@ from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, rep
 from headway.inference.processors import GenerationSetup, apply_processors
 from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, root_draft, run_rows
 from headway.inference.target_forward import padded_tree_tensors, prefill, verify_width
-from headway.inference.verify import verify_greedy_tensors
+from headway.inference.verify import verify_greedy_logits
 
 REPACK_WASTE = 0.25  # squeeze the cache's holes out once a repack would drop this share of its slots
 
@@ -344,8 +344,7 @@ def accept_rows(gen, live: list[Row], drafts: list[Draft], logits: torch.Tensor,
         if row.proposer.reads_outputs:  # lookahead decoding: the target's own next tokens at the row's nodes
             row.proposer.observe_outputs(draft, row_logits.argmax(-1).tolist())
         if sampling is None:
-            leaf, bonus = verify_greedy_tensors(*draft.tree.greedy_tensors(logits.device), draft.tokens,
-                                                row_logits.argmax(-1))
+            leaf, bonus = verify_greedy_logits(draft.tree, draft.tokens, row_logits)
             on_device.append((i, torch.cat([torch.stack([leaf, bonus]), draft.tokens])))
         else:
             paths[i], news[i] = gen._accept(draft, row_logits, sampling, generator)

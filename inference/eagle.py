@@ -26,7 +26,7 @@ from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe
                                         run_alone)
 from headway.inference.graphs import EagleStepGraphs, same_mode
 from headway.inference.expand import (DynamicTree, additive_mask, feed_block, grow_dynamic, grow_dynamic_tensors,
-                                      grow_static)
+                                      grow_static, sees_all)
 from headway.inference.tree import Tree
 
 # EAGLE-2's settings scaled to a CPU, where a verification of 8 tokens costs ~1.8-2 plain steps (~1.75 on
@@ -152,7 +152,6 @@ class EagleProposer(Proposer):
         h = self._take_in(ctx.tokens, ctx.features[:-1], outputs=m)  # [m, H]
         return first_guesses(few_rows_linear(*head.projection(h)), head.to_target_ids, ctx.tokens[length - m:])
 
-    @torch.no_grad()
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
         """The static tree or a dynamic one (grown with tensor ops, ``grow_dynamic_tensors``, or on the host,
         ``grow_dynamic``: ``tensor_rounds``), each model step a request (``CatchUp``, ``Project``, ``Feed``) that a
@@ -180,7 +179,8 @@ class EagleProposer(Proposer):
             exp, nodes = next(growth)
             while True:
                 request = Feed(self, exp.token_ids(nodes, device), exp.node_depths(nodes, device) + (length - 2),
-                               torch.stack([hidden[exp.parents[n]] for n in nodes]), feed_block(exp, nodes, device))
+                               torch.stack([hidden[exp.parents[n]] for n in nodes]), feed_block(exp, nodes, device),
+                               sees_all(exp, nodes))
                 out, logits = yield request  # [R, H], [R, V']
                 for r, n in enumerate(nodes):
                     hidden[n] = out[r]
@@ -282,19 +282,21 @@ class Project(DraftRequest):
 class Feed(DraftRequest):
     """One level of a row's tree through the head: tokens [R] long at positions [R] long, each reading its
     parent's output hidden [R, H], seeing the row's context, its fed ancestors and itself (blocked [R, F + R]
-    bool: True where it must not look, over the row's fed nodes in feed order and these). Result: (the
-    outputs h' [R, H], their logits [R, V'])."""
+    bool: True where it must not look, over the row's fed nodes in feed order and these). ``open``: nothing is
+    blocked (one node whose fed nodes are all its ancestors: a chain's level), so the step needs no mask.
+    Result: (the outputs h' [R, H], their logits [R, V'])."""
 
-    def __init__(self, proposer: EagleProposer, tokens, positions, hidden, blocked):
+    def __init__(self, proposer: EagleProposer, tokens, positions, hidden, blocked, open: bool = False):
         self.key, self.proposer = proposer.head, proposer
         self.tokens, self.positions, self.hidden, self.blocked = tokens, positions, hidden, blocked
+        self.open = open
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
         p, head = self.proposer, self.proposer.head
         graphed = p._level_graphed(self.tokens, self.hidden, self.positions, self.blocked)
         if graphed is not None:
             return graphed
-        mask = additive_mask(self.blocked, p._seen, self.hidden.dtype)  # [1, 1, R, seen + F + R]
+        mask = None if self.open else additive_mask(self.blocked, p._seen, self.hidden.dtype)  # [1, 1, R, seen+F+R]
         out = head(self.tokens[None], self.hidden[None], self.positions[None], attention_mask=mask,
                    cache=p._cache)[0]  # [R, H]
         return out, few_rows_linear(*head.projection(out))

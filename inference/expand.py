@@ -80,7 +80,7 @@ class Expansion:
     def token_ids(self, nodes: list[int], device) -> torch.Tensor:
         """The tokens of ``nodes`` [R] long on ``device`` (gathered there when the tokens live there)."""
         if isinstance(self.tokens, torch.Tensor):
-            return self.tokens[self.long_tensor("nodes", nodes, lambda: nodes, self.tokens.device)]
+            return self.tokens.index_select(0, self.long_tensor("nodes", nodes, lambda: nodes, self.tokens.device))
         return torch.tensor([self.tokens[n] for n in nodes], device=device)
 
     def node_depths(self, nodes: list[int], device) -> torch.Tensor:
@@ -128,6 +128,15 @@ def feed_block(exp: Expansion, nodes: list[int], device) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.bool, device=device)
 
     return blocked() if exp.tree is None else exp.tree.cached(("feed", len(exp.fed), tuple(nodes), str(device)), blocked)
+
+
+def sees_all(exp: Expansion, nodes: list[int]) -> bool:
+    """True when ``nodes`` is one node and every node fed before it is its ancestor (each level of a chain): its
+    step sees the whole cache, so it needs no mask. Decided on the host (memoised per level of a static tree)."""
+    def decide() -> bool:
+        return len(nodes) == 1 and exp.ancestors(nodes[0]).issuperset(exp.fed)
+
+    return decide() if exp.tree is None else exp.tree.cached(("sees_all", len(exp.fed), tuple(nodes)), decide)
 
 
 def additive_mask(blocked: torch.Tensor, prefix: int, dtype: torch.dtype) -> torch.Tensor:
@@ -186,10 +195,11 @@ def grow_static(tree: Tree, root_token: int, root_logits: torch.Tensor, sampling
     logits = root_logits[None]  # [R, V'] the logits of this level's frontier
     for level in static_levels(tree, device):
         cand, dist = sample_children(logits, level.k, sampling, generator)  # [R, k], [R, V'] | None
-        col = level.ranks if dist is None else level.draws  # greedy: the rank-r token; sampling: the j-th draw
+        at = level.ranked if dist is None else level.drawn  # [C] in [R, k]: the rank-r token, or the j-th draw
         p = (dist if dist is not None else logits.float().softmax(-1)).gather(1, cand)  # [R, k]
-        tokens[level.kids] = to_target(cand[level.rows, col])
-        scores[level.kids] = scores[level.parents] * p[level.rows, col]
+        # flat gathers and index copies: a few microseconds each where tensor subscripts cost twice that
+        tokens.index_copy_(0, level.kids, to_target(cand.take(at)))
+        scores.index_copy_(0, level.kids, scores.index_select(0, level.parents) * p.take(at))
         if dist is not None:
             for row, node in enumerate(level.frontier):
                 q[node] = widen(dist[row])
@@ -204,10 +214,9 @@ class Level(NamedTuple):
     frontier: list[int]  # [R] nodes whose children are picked (their logits' rows, in order)
     k: int  # candidates drawn per frontier row
     kids: torch.Tensor  # [C] the children picked at this level
-    rows: torch.Tensor  # [C] each child's parent's row in the frontier
     parents: torch.Tensor  # [C] each child's parent node
-    ranks: torch.Tensor  # [C] greedy: the child's rank among the candidates
-    draws: torch.Tensor  # [C] sampling: the child's place among its siblings (the j-th draw)
+    ranked: torch.Tensor  # [C] greedy: the child's place in the frontier's candidates [R, k] flattened (row, rank)
+    drawn: torch.Tensor  # [C] sampling: the same for (row, the child's place among its siblings: the j-th draw)
     grow: list[int]  # the next frontier: this level's children that have children, fed after it
 
 
@@ -220,12 +229,12 @@ def static_levels(tree: Tree, device) -> list[Level]:
             k = max(max(len(tree.children[n]) for n in frontier), max(tree.ranks[c] for *_, c in picks) + 1)
             grow = [c for *_, c in picks if tree.children[c]]
 
-            def col(i: int) -> torch.Tensor:
-                return torch.tensor([pick[i] for pick in picks], dtype=torch.long, device=device)
+            def col(values: list[int]) -> torch.Tensor:
+                return torch.tensor(values, dtype=torch.long, device=device)
 
-            levels.append(Level(frontier, k, col(3), col(0), col(1),
-                                torch.tensor([tree.ranks[c] for *_, c in picks], dtype=torch.long, device=device),
-                                col(2), grow))
+            levels.append(Level(frontier, k, col([c for *_, c in picks]), col([node for _, node, *_ in picks]),
+                                col([row * k + tree.ranks[c] for row, _, _, c in picks]),
+                                col([row * k + j for row, _, j, _ in picks]), grow))
             frontier = grow
         return levels
 

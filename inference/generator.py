@@ -35,7 +35,7 @@ from headway.inference.tree import Tree, node_path
 from headway.inference.target_forward import check_attention, prefill, resume_forward, tree_forward
 from headway.inference.batch import cut_round
 from headway.inference.inputs import check_generation, check_prompt, check_settings, context_length
-from headway.inference.verify import (LazyProbs, SamplingParams, probs, q_rows, verify_greedy_tensors,
+from headway.inference.verify import (LazyProbs, SamplingParams, probs, q_rows, verify_greedy_logits,
                                       verify_sampling, verify_sampling_tensors, verify_typical)
 
 ACCEPTANCE = ("exact", "typical")
@@ -213,7 +213,8 @@ class SpeculativeGenerator:
                                             generation_config, logits_processor, profile, generation_kwargs)
             ids = ids[:, mask[0].bool()]  # one row: its padding dropped
         prompt = check_generation(self.target.config, ids, max_new_tokens, temperature, top_k, top_p)
-        prompt = prompt.to(self.device)
+        device = self.device  # once: the property walks the target's parameters
+        prompt = prompt.to(device)
         max_new_tokens = self._fit_context(prompt.shape[0], max_new_tokens)
         sampling = SamplingParams(temperature, top_k, top_p) if temperature > 0 else None
         setup = prepare_generation(self.target, prompt, max_new_tokens, sampling is not None, generation_config,
@@ -223,7 +224,7 @@ class SpeculativeGenerator:
         stats = GenerationStats(acceptance=self.acceptance,
                                 lossy=self.acceptance == "typical" and sampling is not None)
         auto = self._auto_controller()  # measures the cost curve on first use (before any hook is in place)
-        cuda = self.device.type == "cuda"
+        cuda = device.type == "cuda"
         sync = torch.cuda.synchronize if cuda and profile else (lambda: None)  # every part of a round timed
         sync_verify = torch.cuda.synchronize if cuda and (profile or auto is not None) else (lambda: None)
         drafter, layers = self.drafter, self.drafter.feature_layers
@@ -244,7 +245,7 @@ class SpeculativeGenerator:
             if auto is not None:  # a captured pass runs at a power of two (unless its capture failed: eager)
                 auto.graphed = graphs is not None and graphs.failed is None
             drafter.use_cache(cache)  # LayerSkip drafts with the target's own early layers, into this cache
-            seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=self.device)  # prompt + new tokens
+            seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=device)  # prompt + new tokens
             seq[:length] = prompt
             host = prompt.tolist()  # the same tokens on the host, extended by each round's one read
             features = None  # [n, F] features of the positions made since the drafter last saw any
@@ -308,7 +309,7 @@ class SpeculativeGenerator:
                 if capture:  # the prompt's features, then the accepted path's: positions length-1 .. length-1+accepted
                     rows = graph_rows if graphed is not None else capture.pop()[0]  # [M + W, F]
                     m = 0 if pending is None else pending.shape[0]
-                    accepted = rows.index_select(0, torch.tensor(path, device=self.device) + m)
+                    accepted = rows.index_select(0, torch.tensor([i + m for i in path], device=device))
                     if m or prompt_rows is not None:
                         accepted = torch.cat([rows[:m] if m else prompt_rows, accepted])
                     features = accepted if drafted or features is None else torch.cat([features, accepted])
@@ -319,7 +320,7 @@ class SpeculativeGenerator:
                     auto.observe(draft, path, length, drafted, t2 - t1 if timed else 0.0, width)
                     stats.time_control += time.perf_counter() - tc
                 new, hit = cut_round(new, budget, eos)
-                seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=self.device)
+                seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=device)
                 host += new
                 length += len(new)
                 stats.new_tokens += len(new)
@@ -413,7 +414,7 @@ class SpeculativeGenerator:
         """(accepted node indices from the root, new tokens = accepted draft tokens + one from the target)."""
         tree = draft.tree
         if sampling is None:  # on the device; the round's one read: the leaf, the bonus token and the draft's tokens
-            leaf, bonus = verify_greedy_tensors(*tree.greedy_tensors(logits.device), draft.tokens, logits.argmax(-1))
+            leaf, bonus = verify_greedy_logits(tree, draft.tokens, logits)
             return self.greedy_result(tree, torch.cat([torch.stack([leaf, bonus]), draft.tokens]).tolist())
         on_device = self.device_sampling if self.device_sampling is not None else logits.device.type == "cuda"
         if on_device and self.acceptance == "exact":  # the round's one read: the leaf, the next token, the tokens

@@ -115,6 +115,14 @@ def new_cache(model, capacity: int = 0) -> DynamicCache:
     return cache
 
 
+def layer_buffers(layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensors a cache layer's keys and values live in, to write in place: a ``BufferLayer``'s buffers (no
+    view made), else its keys and values."""
+    if isinstance(layer, BufferLayer) and layer._buf["keys"] is not None and layer._buf["values"] is not None:
+        return layer._buf["keys"], layer._buf["values"]
+    return layer.keys, layer.values
+
+
 def compact_cache(cache, start: int, keep: Sequence[int], written: int) -> None:
     """Keep, right after the first ``start`` entries, only the entries at offsets ``keep``.
 
@@ -123,12 +131,14 @@ def compact_cache(cache, start: int, keep: Sequence[int], written: int) -> None:
     holds start + len(keep) entries, in the order of ``keep``.
     """
     kept = len(keep)
-    if keep[-1] != kept - 1:  # not already a contiguous prefix (a chain): gather the path down
-        src = torch.tensor(keep, dtype=torch.long, device=cache.layers[0].keys.device) + start  # [kept]
+    moved = next((i for i, k in enumerate(keep) if k != i), kept)  # the entries before it are in place already
+    if moved < kept:  # not a contiguous prefix (a chain's): gather the rest of the path down
+        src = torch.tensor([k + start for k in keep[moved:]], dtype=torch.long,
+                           device=cache.layers[0].keys.device)  # [kept - moved]
         for layer in cache.layers:
-            # keys/values: [B, Hkv, T, D]; index_select copies first, so overlapping ranges are safe
-            layer.keys[:, :, start:start + kept] = layer.keys.index_select(2, src)
-            layer.values[:, :, start:start + kept] = layer.values.index_select(2, src)
+            for buf in layer_buffers(layer):  # [B, Hkv, T or capacity, D]
+                # index_select copies first, so overlapping ranges are safe
+                buf[:, :, start + moved:start + kept] = buf.index_select(2, src)
     if written > kept:
         cache.crop(-(written - kept))
 

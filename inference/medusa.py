@@ -54,7 +54,6 @@ class MedusaProposer(Proposer):
     def propose(self, ctx: DraftContext) -> Draft:
         return run_alone(self.propose_steps(ctx))
 
-    @torch.no_grad()
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
         """The heads' logits are one request (``HeadLogits``): a batch's rows' in one pass."""
         tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(ctx.max_depth)

@@ -6,6 +6,7 @@ one verification pass tries them all (tree verification as in SpecInfer, arXiv:2
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -60,7 +61,8 @@ class PromptLookup(Proposer):
         if ctx.host_tokens is not None:  # the context's n-grams indexed as it grows: no scan of the whole context
             self._index.extend(ctx.host_tokens)
             starts = self._index.starts
-        found = find_matches(ctx.host_context(), self.max_ngram_size, self.min_ngram_size, depth, matches, starts)
+        found = find_matches(ctx.host_context(), self.max_ngram_size, self.min_ngram_size, depth, matches, starts,
+                             ctx.host_tokens)
         if not found:
             return root_only(ctx)
         conts = [cont for cont, _ in found]
@@ -79,10 +81,15 @@ def find_continuations(tokens: torch.Tensor, max_n: int, min_n: int, depth: int,
     return [cont for cont, _ in find_matches(tokens, max_n, min_n, depth, max_matches)]
 
 
+FEW_OCCURRENCES = 16  # up to this many, the occurrences are ranked in Python (``rank_few``), else with tensor ops
+
+
 def find_matches(tokens: torch.Tensor, max_n: int, min_n: int, depth: int, max_matches: int,
-                 index: "Callable[[int], torch.Tensor] | None" = None) -> list[tuple[list[int], int]]:
-    """``find_continuations`` with the length of the n-gram each continuation follows. ``index``: n -> the starts [M]
-    of the suffix n-gram's earlier occurrences, ascending (``NgramIndex.starts``); None: a scan of ``tokens``."""
+                 index: "Callable[[int], list[int]] | None" = None,
+                 host: list[int] | None = None) -> list[tuple[list[int], int]]:
+    """``find_continuations`` with the length of the n-gram each continuation follows. ``index``: n -> the starts
+    of the suffix n-gram's earlier occurrences, ascending (``NgramIndex.starts``); None: a scan of ``tokens``.
+    ``host``: ``tokens`` as a list, when the caller has one."""
     length = tokens.shape[0]
     found: list[tuple[list[int], int]] = []
     for n in range(min(max_n, length - 1), min_n - 1, -1):
@@ -90,12 +97,18 @@ def find_matches(tokens: torch.Tensor, max_n: int, min_n: int, depth: int, max_m
             starts = index(n)
         else:
             windows = tokens[:-1].unfold(0, n, 1)  # [L - n, n]: every earlier window, the suffix itself excluded
-            starts = (windows == tokens[length - n:]).all(dim=1).nonzero().flatten()  # [M]
-        if starts.numel() == 0:
+            starts = (windows == tokens[length - n:]).all(dim=1).nonzero().flatten().tolist()  # [M]
+        if not starts:
             continue
-        conts, lengths = continuations_at(tokens, starts + n, depth)
-        for i in rank_continuations(conts, lengths)[:max_matches].tolist():
-            cont = conts[i, :lengths[i]].tolist()
+        if len(starts) <= FEW_OCCURRENCES:  # a few: a handful of list operations beat two dozen tensor ops
+            host = tokens.tolist() if host is None else host
+            conts = [host[s + n:s + n + depth] for s in starts]
+            ranked = [conts[i] for i in rank_few(conts)[:max_matches]]
+        else:
+            padded, lengths = continuations_at(tokens, torch.tensor(starts) + n, depth)
+            best = rank_continuations(padded, lengths)[:max_matches].tolist()
+            ranked = [padded[i, :lengths[i]].tolist() for i in best]
+        for cont in ranked:
             if all(cont != f for f, _ in found):
                 found.append((cont, n))
                 if len(found) >= max_matches:
@@ -123,12 +136,11 @@ class NgramIndex:
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 self._starts.setdefault(tuple(tokens[end - n:end]), []).append(end - n)
 
-    def starts(self, n: int) -> torch.Tensor:
-        """The starts [M] of the context's suffix n-gram's earlier occurrences (the suffix itself excluded),
-        ascending."""
+    def starts(self, n: int) -> list[int]:
+        """The starts of the context's suffix n-gram's earlier occurrences (the suffix itself excluded), ascending."""
         length = len(self._tokens)
         found = self._starts.get(tuple(self._tokens[length - n:]), [])
-        return torch.tensor(found[:-1] if found and found[-1] == length - n else found, dtype=torch.long)
+        return found[:-1] if found and found[-1] == length - n else list(found)
 
 
 def continuations_at(tokens: torch.Tensor, begins: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,6 +165,35 @@ def rank_continuations(conts: torch.Tensor, lengths: torch.Tensor) -> torch.Tens
         0, same[order], torch.arange(conts.shape[0]), "amin")  # group -> best rank position
     first[rank_in_group[same[order]] == torch.arange(conts.shape[0])] = True
     return order[first]
+
+
+def rank_few(conts: list[list[int]]) -> list[int]:
+    """``rank_continuations`` of a few continuations given as lists (each as long as the context allows, >= 1
+    token), in exact arithmetic: each score scaled by the least common multiple of the valid counts."""
+    if len(conts) == 1:
+        return [0]
+    valid = [sum(len(c) > k for c in conts) for k in range(max(map(len, conts)))]  # occurrences with k + 1 tokens
+    scale = math.lcm(*valid)
+    trie: dict = {}  # token -> [occurrences sharing this prefix, the next level]
+    for cont in conts:
+        level = trie
+        for token in cont:
+            node = level.setdefault(token, [0, {}])
+            node[0] += 1
+            level = node[1]
+    score = []
+    for cont in conts:
+        level, total = trie, 0
+        for k, token in enumerate(cont):
+            support, level = level[token]
+            total += support * (scale // valid[k])
+        score.append(total)
+    seen, ranked = set(), []
+    for i in sorted(range(len(conts)), key=lambda i: (-score[i], -i)):  # best first, ties to the later occurrence
+        if tuple(conts[i]) not in seen:
+            seen.add(tuple(conts[i]))
+            ranked.append(i)
+    return ranked
 
 
 def expected_accepted(conts: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

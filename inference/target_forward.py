@@ -72,7 +72,7 @@ def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int
     width = verify_width(n, pad_to)
     if tree.is_chain and max_positions is not None and prefix_len + width > max_positions:
         width = n  # a chain's padding sits after its last node: keep every position inside the context
-    device, dtype = tokens.device, model.dtype
+    device = tokens.device
     if width > n:
         tokens = torch.cat([tokens, tokens[:1].expand(width - n)])
     if m:
@@ -84,6 +84,7 @@ def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int
         positions = torch.arange(start, prefix_len + width, device=device)
         full = None
     else:
+        dtype = model.dtype  # (a walk over the parameters: only where a mask is built)
         mask, depths = padded_tree_tensors(tree, width, device, dtype)  # [W, W], [W]
         positions = depths + prefix_len
         full = torch.zeros((1, 1, width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all

@@ -229,6 +229,21 @@ class Tree:
 
         return self.cached(("greedy", device), build)
 
+    def inner_rows(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(the nodes with children [I] long, each node's parent's place among them [N] long, the root's 0) on
+        ``device`` for ``verify_greedy_logits``, or None where I + 1 rows (theirs and the leaf's) save none of
+        the N; memoised."""
+        def build():
+            inner = [i for i, kids in enumerate(self.children) if kids]
+            if len(inner) + 1 >= self.size:
+                return None
+            place = {node: row for row, node in enumerate(inner)}
+            rows = [0] + [place[p] for p in self.parents[1:]]
+            return (torch.tensor(inner, dtype=torch.long, device=device),
+                    torch.tensor(rows, dtype=torch.long, device=device))
+
+        return self.cached(("inner", device), build)
+
     def sampling_tensors(self, device: torch.device) -> tuple[torch.Tensor, int]:
         """(children [N, K] long on ``device``, node i's children in sibling order padded with -1; the depth) for
         ``verify_sampling_tensors``, memoised."""

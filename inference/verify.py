@@ -136,11 +136,32 @@ def verify_greedy_tensors(ancestors: torch.Tensor, parents: torch.Tensor, depths
     reaches deeper; both paths carry the target's own greedy tokens). The path is the leaf's
     ancestors (``node_path`` on the host tree).
     """
-    match = tokens == argmax[parents]  # [N] node i's token is what the target chose after its parent
+    leaf = greedy_leaf(ancestors, parents, depths, tokens, argmax)
+    return leaf, argmax[leaf]
+
+
+def greedy_leaf(ancestors: torch.Tensor, parent_rows: torch.Tensor, depths: torch.Tensor, tokens: torch.Tensor,
+                choices: torch.Tensor) -> torch.Tensor:
+    """The accepted leaf [] of ``verify_greedy_tensors``, the target's choice after node i's parent being
+    ``choices[parent_rows[i]]`` (choices: [R] long, one per row of the target's logits it was taken from)."""
+    match = tokens == choices[parent_rows]  # [N] node i's token is what the target chose after its parent
     match[0] = True  # the root is always accepted
     ok = ~(ancestors & ~match).any(-1)  # [N] every node on the path matches
-    leaf = torch.where(ok, depths, -1).argmax()  # the deepest, the first on a tie
-    return leaf, argmax[leaf]
+    return torch.where(ok, depths, -1).argmax()  # the deepest, the first on a tie
+
+
+def verify_greedy_logits(tree, tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``verify_greedy_tensors`` from the target's logits [N, V] at the tree's nodes (tokens [N] long): (the
+    accepted leaf [], the bonus token []), no read. The argmax over the vocabulary, a CPU's costliest part
+    of verifying, is taken only at the nodes with children, and then at the leaf for the bonus token, where
+    that is fewer rows than N (a Medusa tree-15 needs 6 of 16; a chain all but its last)."""
+    ancestors, parents, depths = tree.greedy_tensors(logits.device)
+    inner = tree.inner_rows(logits.device)
+    if inner is None:
+        return verify_greedy_tensors(ancestors, parents, depths, tokens, logits.argmax(-1))
+    rows, parent_rows = inner  # [I] the nodes with children; [N] each node's parent's place among them
+    leaf = greedy_leaf(ancestors, parent_rows, depths, tokens, logits.index_select(0, rows).argmax(-1))
+    return leaf, logits.index_select(0, leaf[None])[0].argmax()
 
 
 # --- lossless sampling -----------------------------------------------------------------------

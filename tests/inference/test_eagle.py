@@ -138,3 +138,37 @@ def test_rows_drafted_together_equal_each_row_drafted_alone(family, eagle, tree,
             torch.testing.assert_close(b._cache.keys, a._cache.keys)
     assert feeds and all(n == len(picked) for n in feeds)  # the levels ran batched, every row in each
     assert catch_ups == [len(picked)]  # the second round's catch-ups (1-4 positions a row) in one pass, not the prompts
+
+
+@pytest.mark.parametrize("tree", ["chain-4", "tree-15"])
+def test_levels_that_see_the_whole_cache_run_unmasked_and_draft_the_same(family, eagle, tree, monkeypatch):
+    """A chain's levels (one node seeing every fed node) run with no attention mask; every round's draft (tokens,
+    scores) equals the one drafted with each level's mask built, and a tree's levels keep theirs."""
+    import headway.inference.eagle as runtime
+
+    def drafts(masked: bool) -> tuple[list, int]:
+        if masked:
+            monkeypatch.setattr(runtime, "sees_all", lambda exp, nodes: False)
+        built, additive_mask = [], runtime.additive_mask
+        monkeypatch.setattr(runtime, "additive_mask", lambda *a: built.append(1) or additive_mask(*a))
+        proposer, seen = EagleProposer(eagle[3]), []
+        propose = proposer.propose
+
+        def spy(ctx):
+            draft = propose(ctx)
+            seen.append((draft.tokens.tolist(), None if draft.scores is None else draft.scores.tolist()))
+            return draft
+
+        proposer.propose = spy
+        gen = SpeculativeGenerator(family.target, proposer, tree=tree)
+        for prompt, max_new in list(zip(family.prompts, family.max_new))[:4]:
+            gen.generate(prompt, max_new_tokens=max_new)
+        monkeypatch.undo()
+        return seen, len(built)
+
+    (open_drafts, open_masks), (masked_drafts, masked_masks) = drafts(False), drafts(True)
+    assert [t for t, _ in open_drafts] == [t for t, _ in masked_drafts] and len(open_drafts) > 8
+    for (_, a), (_, b) in zip(open_drafts, masked_drafts):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(torch.tensor(a), torch.tensor(b)))
+    assert masked_masks >= len(open_drafts) - 4  # every level built its mask (a prompt's first round drafts none)
+    assert open_masks == (0 if tree == "chain-4" else masked_masks)

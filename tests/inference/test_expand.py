@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from headway.inference import DynamicTree
-from headway.inference.expand import Expansion, expand_dynamic, expand_dynamic_tensors, expand_static, feed_mask
+from headway.inference.expand import (Expansion, expand_dynamic, expand_dynamic_tensors, expand_static, feed_block,
+                                      feed_mask, sees_all)
 from headway.inference.tree import Tree
 from headway.inference.verify import SamplingParams
 
@@ -83,6 +84,28 @@ def test_feed_mask_shows_the_context_the_fed_ancestors_and_the_node_itself():
     # columns: 5 context entries, then nodes 1, 2 (fed), then nodes 3, 4 (fed now)
     assert seen == [[1, 1, 1, 1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 1, 0, 1, 0, 1]]
     assert (mask[mask != 0] == torch.finfo(torch.float32).min).all()
+
+
+def test_a_node_that_sees_every_fed_node_needs_no_mask():
+    """``sees_all``: one node whose fed nodes are all its ancestors (a chain's level) sees the whole cache, so its
+    step runs unmasked; a second row, or a fed node off its path, needs the mask. It agrees with the mask itself
+    (nothing blocked) on every level of a static tree, memoised there."""
+    exp = Expansion([-1, 0, 0, 1, 2], [7, 3, 4, 5, 6], [0, 1, 1, 2, 2])
+    assert sees_all(exp, [1])  # nothing fed yet
+    assert not sees_all(exp, [1, 2])  # siblings do not see each other
+    exp.fed = [1]
+    assert sees_all(exp, [3]) and not sees_all(exp, [4])  # node 1 is 3's parent, not 4's
+    for tree in (Tree([-1, 0, 1, 2]), Tree([-1, 0, 0, 1, 3, 4]), Tree([-1, 0, 0, 1, 2, 3])):
+        exp = Expansion(list(tree.parents), list(range(tree.size)), list(tree.depths), tree=tree)
+        frontier = [0]
+        while frontier:
+            nodes = [c for n in frontier for c in tree.children[n] if tree.children[c]] or None
+            if nodes is None:
+                break
+            assert sees_all(exp, nodes) == (not feed_block(exp, nodes, "cpu").any())
+            assert tree.cached(("sees_all", len(exp.fed), tuple(nodes)), lambda: None) is not None
+            exp.fed += nodes
+            frontier = nodes
 
 
 def token_drafter(vocab: int = 12, seed: int = 0, offset: int = 0):

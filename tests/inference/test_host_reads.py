@@ -14,7 +14,7 @@ from headway.heads import EagleHead, MedusaHeads
 from headway.heads.medusa import MedusaConfig
 from headway.inference import PromptLookup, SpeculativeGenerator
 from headway.inference.tree import Tree, node_path
-from headway.inference.verify import verify_greedy, verify_greedy_tensors
+from headway.inference.verify import verify_greedy, verify_greedy_logits, verify_greedy_tensors
 
 
 def drafter_of(kind, target):
@@ -79,3 +79,31 @@ def test_device_greedy_verification_matches_the_host_walk():
         else:
             assert len(path) >= len(want) and int(bonus) == argmax[path[-1]]
         assert all(tokens[b] == argmax[a] for a, b in zip(path, path[1:]))
+
+
+def test_greedy_verification_from_logits_takes_the_argmax_of_the_rows_it_reads_only():
+    """``verify_greedy_logits`` (the runtime's: the argmax at the nodes with children, then at the leaf) gives
+    the leaf and bonus token of ``verify_greedy_tensors`` over every row's argmax, on random trees (wide ones,
+    where it reads fewer rows, and chains, where it reads them all) with ties in the logits; the rows it skips
+    are never looked at (NaN there changes nothing)."""
+    rng = random.Random(1)
+    cpu = torch.device("cpu")
+    for trial in range(300):
+        tree = random_tree(rng, rng.randrange(1, 14)) if trial % 3 else Tree(list(range(-1, rng.randrange(1, 6))))
+        vocab = 4 if trial % 2 else 40
+        logits = torch.randint(0, 3, (tree.size, vocab)).float()  # small integers: ties among the maxima
+        argmax = logits.argmax(-1)
+        tokens = torch.tensor([rng.randrange(vocab) for _ in range(tree.size)])
+        for node in range(1, tree.size):
+            if rng.random() < 0.6:
+                tokens[node] = argmax[tree.parents[node]]
+        want = verify_greedy_tensors(*tree.greedy_tensors(cpu), tokens, argmax)
+        inner = tree.inner_rows(cpu)
+        if inner is not None:  # a row nobody reads (no children, not the leaf) may hold anything
+            unread = [i for i in range(tree.size) if not tree.children[i] and i != int(want[0])]
+            logits[unread] = float("nan")
+        got = verify_greedy_logits(tree, tokens, logits)
+        assert (int(got[0]), int(got[1])) == (int(want[0]), int(want[1]))
+    wide = Tree([-1, 0, 0, 0, 0, 1, 1, 2])  # 3 nodes with children + the leaf: 4 rows of 8
+    assert wide.inner_rows(cpu)[0].tolist() == [0, 1, 2]
+    assert Tree([-1, 0, 1, 2]).inner_rows(cpu) is None  # a chain: all but its last + the leaf is every row

@@ -39,9 +39,10 @@ def test_sliding_window_cache_refused():
         check_compactable(DynamicCache(config=cfg))
 
 
-def _filled(model, length: int):
-    """A new cache after one forward over ``length`` tokens, and a copy of every layer's keys and values."""
-    cache = new_cache(model)
+def _filled(model, length: int, buffers: bool = True):
+    """A new cache (of ``BufferLayer``s, or transformers' own ``DynamicCache``) after one forward over ``length``
+    tokens, and a copy of every layer's keys and values."""
+    cache = new_cache(model) if buffers else DynamicCache(config=model.config)
     ids = torch.arange(4, 4 + length)[None]
     with torch.no_grad():
         model(input_ids=ids, cache=cache, use_cache=True)
@@ -108,11 +109,14 @@ def test_buffer_layer_crop_moves_its_lengths_as_a_dynamic_layer_crops(tiny_llama
         layer.crop(2)
 
 
-@pytest.mark.parametrize("keep", [[0, 2, 5], [1, 3], [0, 1, 2], [0, 1, 2, 3, 4, 5]])
-def test_compact_cache_keeps_exactly_the_kept_entries(tiny_llama, keep):
-    """After the first 4 entries only the entries at offsets ``keep`` of the 6 written stay, in order."""
+@pytest.mark.parametrize("buffers", [True, False])
+@pytest.mark.parametrize("keep", [[0, 2, 5], [1, 3], [0, 1, 2], [0, 1, 2, 3, 4, 5], [0, 1, 4, 5], [2]])
+def test_compact_cache_keeps_exactly_the_kept_entries(tiny_llama, keep, buffers):
+    """After the first 4 entries only the entries at offsets ``keep`` of the 6 written stay, in order (the ones
+    already in place are left where they are, the rest gathered down), in headway's buffers and in plain
+    dynamic layers."""
     model, _ = tiny_llama
-    cache, before = _filled(model, 10)
+    cache, before = _filled(model, 10, buffers)
     compact_cache(cache, 4, keep, 6)
     assert cache.get_seq_length() == 4 + len(keep)
     rows = list(range(4)) + [4 + k for k in keep]

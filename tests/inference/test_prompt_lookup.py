@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from headway.inference import DraftContext, PromptLookup, SpeculativeGenerator, load_tree
-from headway.inference.prompt_lookup import build_trie, expected_accepted, find_continuations, rank_continuations
+from headway.inference.prompt_lookup import (build_trie, continuations_at, expected_accepted, find_continuations,
+                                             rank_continuations, rank_few)
 from tests.inference.spec_utils import copy_prompt_tau, tiny_vocab_model
 from tests.inference.spec_utils import draft_context as ctx
 
@@ -106,4 +107,45 @@ def test_the_ngram_index_finds_what_a_scan_finds():
     index = NgramIndex(1, 2)
     index.extend([1, 2, 1, 2, 3])
     index.extend([5, 1, 2, 1, 2])  # another context: indexed afresh (the old one's (1, 2) at 0 and 2 forgotten)
-    assert index.starts(2).tolist() == [1] and index.starts(1).tolist() == [2]
+    assert index.starts(2) == [1] and index.starts(1) == [2]
+
+
+def test_a_few_occurrences_are_ranked_in_exact_arithmetic_as_the_tensor_ranking_ranks_them():
+    """``rank_few`` (lists, up to FEW_OCCURRENCES) against an oracle in fractions (sum over k of the share of
+    occurrences with k + 1 tokens that agree on them; best first, ties to the later occurrence, duplicates after
+    their first dropped) and against ``rank_continuations`` wherever its float scores tie exactly where the exact
+    ones do; and ``find_matches`` gives the same matches through either ranking."""
+    from fractions import Fraction
+
+    import headway.inference.prompt_lookup as lookup
+
+    g = torch.Generator().manual_seed(3)
+    compared = 0
+    for trial in range(400):
+        m, depth, vocab = 1 + trial % 9, 1 + trial % 5, 2 + trial % 3
+        conts = [torch.randint(0, vocab, (int(torch.randint(1, depth + 1, (1,), generator=g)),), generator=g).tolist()
+                 for _ in range(m)]
+        valid = [sum(len(c) > k for c in conts) for k in range(depth)]
+        exact = [sum(Fraction(sum(o[:k + 1] == c[:k + 1] for o in conts if len(o) > k), valid[k])
+                     for k in range(len(c))) for c in conts]
+        want, seen = [], set()
+        for i in sorted(range(m), key=lambda i: (-exact[i], -i)):
+            if tuple(conts[i]) not in seen:
+                seen.add(tuple(conts[i]))
+                want.append(i)
+        assert rank_few(conts) == want, conts
+        padded = torch.tensor([c + [-1] * (depth - len(c)) for c in conts])
+        score, _ = expected_accepted(padded, torch.tensor([len(c) for c in conts]))
+        if all((exact[i] == exact[j]) == (score[i] == score[j]) for i in range(m) for j in range(m)):
+            assert rank_continuations(padded, torch.tensor([len(c) for c in conts])).tolist() == want
+            compared += 1
+    assert compared > 350
+    tokens = torch.randint(0, 3, (60,), generator=g)
+    few = lookup.find_matches(tokens, 3, 1, 4, 3)
+    saved, lookup.FEW_OCCURRENCES = lookup.FEW_OCCURRENCES, 0
+    try:
+        assert lookup.find_matches(tokens, 3, 1, 4, 3) == few and few
+    finally:
+        lookup.FEW_OCCURRENCES = saved
+    conts, lengths = continuations_at(torch.tensor([1, 2, 3]), torch.tensor([1, 2]), 3)
+    assert conts.tolist() == [[2, 3, -1], [3, -1, -1]] and lengths.tolist() == [2, 1]
