@@ -22,8 +22,8 @@ import torch
 
 from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
-from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
-                                        run_alone)
+from headway.inference.proposer import (Draft, DraftContext, DraftRequest, HostRead, Probe, Proposer, first_guesses,
+                                        root_only, run_alone)
 from headway.inference.graphs import EagleStepGraphs, same_mode
 from headway.inference.expand import (DynamicTree, additive_mask, feed_block, grow_dynamic, grow_dynamic_tensors,
                                       grow_static, sees_all)
@@ -196,11 +196,15 @@ class EagleProposer(Proposer):
         growth = grow_dynamic_tensors(tree, ctx.max_depth, ctx.root_token, root_logits, self.head.to_target_ids)
         last, start = root_h[None], ctx.tokens.shape[0] - 2  # the previous feed's outputs [R, H]; the root's position
         try:
-            tokens, parent_rows, depth, allowed = next(growth)
+            step = next(growth)
             while True:
+                if isinstance(step, HostRead):  # the kept tree: the round's one read (a batch's rows' in one)
+                    step = growth.send((yield step))
+                    continue
+                tokens, parent_rows, depth, allowed = step
                 positions = torch.full((tokens.shape[0],), start + depth, dtype=torch.long, device=self._device)
                 last, logits = yield Feed(self, tokens, positions, last[parent_rows.clamp(min=0)], ~allowed)
-                tokens, parent_rows, depth, allowed = growth.send(logits)
+                step = growth.send(logits)
         except StopIteration as done:
             return done.value
 

@@ -25,7 +25,7 @@ from typing import Callable, Generator, NamedTuple
 import torch
 
 from headway.heads.values import parse_bool
-from headway.inference.proposer import Draft, sample_children
+from headway.inference.proposer import Draft, HostRead, sample_children
 from headway.inference.tree import Tree
 from headway.inference.verify import SamplingParams
 
@@ -312,17 +312,18 @@ def expand_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: in
     try:
         rows = next(growth)
         while True:
-            rows = growth.send(feed(*rows))
+            rows = growth.send(rows.run() if isinstance(rows, HostRead) else feed(*rows))
     except StopIteration as done:
         return done.value
 
 
 def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int, root_logits: torch.Tensor,
                          to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x
-                         ) -> Generator[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor, Draft]:
+                         ) -> Generator[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor] | HostRead, object, Draft]:
     """``expand_dynamic`` as tensor ops with fixed shapes: no read until the kept tree, which is one. A generator:
-    it yields each feed's ``FeedRows`` arguments (tokens, parent_rows, depth, allowed), is sent their logits [R, V']
-    and returns the Draft (a batch runs its rows' feeds together).
+    it yields each feed's ``FeedRows`` arguments (tokens, parent_rows, depth, allowed), is sent their logits [R, V'],
+    then yields the kept tree's ``HostRead``, is sent its list, and returns the Draft (a batch runs its rows' feeds
+    together, and their reads as one).
 
     Every level feeds ``top_k`` rows (the level's best, ids ascending as the host version feeds
     them). Dropping a row takes a read, so there is no pruning: a row ``settings.prune`` would skip
@@ -362,8 +363,8 @@ def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int,
     ids = torch.arange(1, score.shape[0], device=device)
     ids = ids[torch.argsort(depths[ids], stable=True)]
     keep = ids[torch.argsort(score[ids], descending=True, stable=True)][:total]
-    ids, par, tok, sc, dep = torch.stack([keep.double(), parents[keep].double(), tokens[keep].double(),
-                                          score[keep].double(), depths[keep].double()]).tolist()  # the one read
+    ids, par, tok, sc, dep = yield HostRead(torch.stack([keep.double(), parents[keep].double(), tokens[keep].double(),
+                                                         score[keep].double(), depths[keep].double()]))  # the one read
     ids = [int(n) for n in ids]  # node ids and tokens are exact in float64
     parents_of = {0: -1, **{n: int(v) for n, v in zip(ids, par)}}
     tokens_of = {0: root_token, **{n: int(v) for n, v in zip(ids, tok)}}

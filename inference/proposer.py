@@ -187,6 +187,35 @@ class DraftRequest:
         return [r.run() for r in requests]
 
 
+class HostRead(DraftRequest):
+    """A small tensor read to the host (``tolist``): the one read a drafter's round may need (the kept shape of a
+    dynamic tree grown with tensor ops). A batch's rows' reads of one dtype and device are one read."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor, self.key = tensor, (tensor.dtype, tensor.device)
+
+    def run(self) -> list:
+        return self.tensor.tolist()
+
+    @classmethod
+    def run_together(cls, requests: list["HostRead"], state: dict) -> list[list]:
+        flat = torch.cat([r.tensor.flatten() for r in requests]).tolist()  # the rows' one read
+        out, at = [], 0
+        for r in requests:
+            n = r.tensor.numel()
+            out.append(_nested(flat[at:at + n], list(r.tensor.shape)))
+            at += n
+        return out
+
+
+def _nested(values: list, shape: list[int]) -> list:
+    """A flat list as ``tolist`` gives a tensor of ``shape``."""
+    if len(shape) <= 1:
+        return values if shape else values[0]
+    step = len(values) // shape[0] if shape[0] else 0
+    return [_nested(values[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
 @torch.no_grad()  # here, once a round, not on each generator (torch's wrapper re-enters no_grad on every resume)
 def run_alone(steps: Generator[DraftRequest, object, Draft]) -> Draft:
     """Run a ``propose_steps`` generator to its Draft, each request alone."""

@@ -256,3 +256,27 @@ def test_sampled_rows_follow_the_target_distribution(sampling_setup, drafter, se
                            top_k=params.top_k, top_p=params.top_p, generator=g)
         samples.append(out.sequences[:4, -3:])  # the rows whose prompt is PROMPT: the enumerated joint
     assert chi2_pvalue(torch.cat(samples), joints[setting]) > 1e-3
+
+
+def test_the_rows_dynamic_trees_grown_with_tensor_ops_are_read_in_one_read(family, eagle, monkeypatch):
+    """A batch's rows growing EAGLE-2 dynamic trees with tensor ops (the CUDA default) read their kept trees
+    together: one ``HostRead.run_together`` a round for every drafting row, none alone while two rows draft; every
+    row equals its own generate."""
+    from headway.inference.proposer import HostRead
+
+    target, pad = family.target, family.target.generation_config.pad_token_id
+    sizes, alone = [], []
+    together, run = HostRead.run_together.__func__, HostRead.run
+    def counted(cls, requests, state):
+        sizes.append(len(requests))
+        return together(cls, requests, state)
+
+    monkeypatch.setattr(HostRead, "run_together", classmethod(counted))
+    monkeypatch.setattr(HostRead, "run", lambda self: alone.append(1) or run(self))
+    gen = SpeculativeGenerator(target, eagle[3], tree={"depth": 3, "top_k": 3, "total_tokens": 8})
+    gen.drafter.tensor_rounds = True
+    prompts = family.prompts[:3]
+    ids, mask = left_pad(prompts, pad)
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=16)
+    assert_rows_equal_generate(target, out, prompts, ids, 16, pad)
+    assert sizes and max(sizes) == 3 and not alone
