@@ -13,7 +13,9 @@ A second, separate pass counts host reads per round (past the prompt's) outside 
 tensor, each of which is a device sync on a GPU. (On a CPU every tensor is on the host, so this
 counts the call sites a GPU would pay for.) Reads inside the target's own forward (transformers'
 mask code) are counted apart, and prompt lookup's n-gram search is host work on the generator's
-host copy of the context (``DraftContext.host_context``), not counted.
+host copy of the context (``DraftContext.host_context``), not counted. The same pass counts the torch calls per
+round outside the module forwards (``counted_calls``: operators and tensor methods, each a launch on a GPU;
+attribute reads are not counted, host work is): a figure that does not move with the machine's load.
 
     python scripts/runtime_probe.py                       # every method, 6 prompts x 64 tokens
     python scripts/runtime_probe.py --methods eagle3-chain,medusa --json out.json
@@ -75,6 +77,8 @@ class Meter:
     def __init__(self):
         self.depth, self.t0, self.seconds, self.calls = 0, 0.0, 0.0, []
         self.reads, self.inside, self.host = 0, 0, 0  # host: inside host work (HOST_WORK), reads not counted
+        self.torch_calls = 0  # outside the timed calls (``counted_calls``)
+        self.reading = 0  # inside a counted read
 
     def enter(self, *_):
         if self.depth == 0:
@@ -130,11 +134,17 @@ def counted_reads(meter: Meter):
 
     def counting(fn):
         def read(self, *args, **kwargs):
+            if meter.reading:  # the same read again (a torch function mode dispatches to the patched method)
+                return fn(self, *args, **kwargs)
             if meter.depth:
                 meter.inside += 1
             elif not meter.host:
                 meter.reads += 1
-            return fn(self, *args, **kwargs)
+            meter.reading += 1
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                meter.reading -= 1
         return read
 
     def host_work(fn):
@@ -158,6 +168,22 @@ def counted_reads(meter: Meter):
             setattr(torch.Tensor, name, fn)
         for owner, name, fn in hosted:
             setattr(owner, name, fn)
+
+
+@contextlib.contextmanager
+def counted_calls(meter: Meter):
+    """Count into ``meter.torch_calls`` the torch functions and tensor methods called outside its timed calls (each
+    an operator launch on a GPU; attribute reads such as ``.shape`` are not counted; host work is)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Counting(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if not meter.depth and getattr(func, "__name__", "") != "__get__":
+                meter.torch_calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        yield meter
 
 
 def drafter_functions(drafter) -> list:
@@ -189,19 +215,20 @@ def probe(target, name: str, drafter, tree, prompts, max_new_tokens: int) -> dic
         outputs.append(out.sequences[0].tolist())
     # reads per round past the first: a whole generate less one of a single round (the prompt's pass), whose
     # setup (input checks, generation-config handling, the prompt's host copy) reads a fixed number of times
-    reads = inside_reads = read_passes = 0
+    reads = inside_reads = read_passes = calls = 0
     for p in prompts:
         for sign, budget in ((1, max_new_tokens), (-1, 1)):
             meter = Meter()
-            with metered(meter, modules, drafter_functions(drafter)), counted_reads(meter):
+            with metered(meter, modules, drafter_functions(drafter)), counted_reads(meter), counted_calls(meter):
                 out = gen.generate(p, max_new_tokens=budget)
             reads += sign * meter.reads
             inside_reads += sign * meter.inside
+            calls += sign * meter.torch_calls
             read_passes += sign * out.stats.target_forward_passes
     return dict(method=name, rounds=passes, new_tokens=tokens, tau=tokens / passes,
                 own_ms_per_round=1e3 * (wall - inside) / passes, own_share=(wall - inside) / wall,
                 reads_per_round=reads / read_passes, model_reads_per_round=inside_reads / read_passes,
-                outputs=outputs)
+                torch_calls_per_round=calls / read_passes, outputs=outputs)
 
 
 def plain_step(target, prompts, max_new_tokens: int) -> tuple[float, list]:
@@ -244,7 +271,7 @@ def main(argv=None) -> dict:
           f"(one-token forward) {1e3 * step:.2f} ms; {args.prompts} prompts of {args.prompt_len} tokens, "
           f"{args.max_new_tokens} new, greedy, {args.threads} thread(s)")
     print(f"{'method':<16} {'tau':>5} {'own ms/round':>12} {'/plain step':>11} {'own share':>9} "
-          f"{'reads/round':>11} {'model reads':>11} {'same':>5}")
+          f"{'reads/round':>11} {'model reads':>11} {'calls/round':>11} {'same':>5}")
     rows = []
     for name in methods:
         kind, tree = METHODS[name]
@@ -255,7 +282,7 @@ def main(argv=None) -> dict:
         rows.append(r)
         print(f"{name:<16} {r['tau']:>5.2f} {r['own_ms_per_round']:>12.2f} {r['own_per_plain_step']:>11.2f} "
               f"{100 * r['own_share']:>8.0f}% {r['reads_per_round']:>11.2f} {r['model_reads_per_round']:>11.2f} "
-              f"{'yes' if r['identical'] else 'NO':>5}")
+              f"{r['torch_calls_per_round']:>11.1f} {'yes' if r['identical'] else 'NO':>5}")
     results = dict(plain_step_ms=1e3 * step, settings=vars(args), methods=rows)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

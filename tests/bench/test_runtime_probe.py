@@ -21,6 +21,7 @@ def test_runtime_probe_runs_as_typed(tmp_path):
     for name, r in rows.items():
         assert r["identical"], name
         assert r["own_ms_per_round"] > 0 and 0 < r["own_share"] < 1 and r["rounds"] > 0
+        assert 10 < r["torch_calls_per_round"] < 1000, (name, r["torch_calls_per_round"])
         # static trees, Medusa and lookup: one read per round; a dynamic tree grown with tensor ops one more, for its
         # shape; the host version (a CPU's default) one per level
         if name != "eagle3-dynamic":
@@ -33,3 +34,21 @@ def test_runtime_probe_refuses_an_unknown_method():
     cmd = [sys.executable, str(ROOT / "scripts" / "runtime_probe.py"), "--methods", "medusa,beam"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 2 and "unknown method(s) ['beam']" in res.stderr
+
+
+def test_torch_calls_are_counted_outside_the_timed_calls_only():
+    """``counted_calls``: a torch call or tensor method outside the meter's timed calls counts, one inside a metered
+    module's forward does not, nor does reading an attribute such as ``.shape``."""
+    import torch
+
+    from headway.bench.runtime_probe import Meter, counted_calls, metered
+
+    layer, x = torch.nn.Linear(4, 4), torch.ones(2, 4)
+    meter = Meter()
+    with metered(meter, [layer]), counted_calls(meter):
+        y = x + 1  # 1
+        y.sum()  # 2
+        _ = y.shape, y.device
+        layer(y)  # F.linear inside the forward: not counted
+        torch.cat([y, y])  # 3
+    assert meter.torch_calls == 3
