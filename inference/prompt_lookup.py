@@ -169,7 +169,9 @@ def rank_continuations(conts: torch.Tensor, lengths: torch.Tensor) -> torch.Tens
 
 def rank_few(conts: list[list[int]]) -> list[int]:
     """``rank_continuations`` of a few continuations given as lists (each as long as the context allows, >= 1
-    token), in exact arithmetic: each score scaled by the least common multiple of the valid counts."""
+    token), in exact arithmetic: each score scaled by the least common multiple of the valid counts. Scores that
+    tie exactly go to the later occurrence, as ``PromptLookup`` promises; the tensor ranking's float32 sums may
+    instead order such a tie by rounding (the draft differs, never the output)."""
     if len(conts) == 1:
         return [0]
     valid = [sum(len(c) > k for c in conts) for k in range(max(map(len, conts)))]  # occurrences with k + 1 tokens

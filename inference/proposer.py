@@ -287,7 +287,8 @@ def sample_children(logits: torch.Tensor, k: int, sampling: SamplingParams | Non
     renormalising), so the verifier's "remove the rejected candidate from q" matches how they were
     drawn. Returns (tokens [R, k], q [R, V] or None).
     """
-    if sampling is None:  # one child: argmax, a third of topk(1)'s time on a CPU (the same first-maximum pick)
+    if sampling is None:  # one child: argmax, a third of topk(1)'s time on a CPU (on exact ties it may pick another
+        # of the tied tokens than topk would: a draft, never the output, can differ)
         return (logits.argmax(-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1).indices), None
     q = probs(logits, sampling)  # [R, V]
     u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(1e-20, 1.0)
