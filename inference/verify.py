@@ -154,7 +154,7 @@ def verify_greedy_logits(tree, tokens: torch.Tensor, logits: torch.Tensor) -> tu
     """``verify_greedy_tensors`` from the target's logits [N, V] at the tree's nodes (tokens [N] long): (the
     accepted leaf [], the bonus token []), no read. The argmax over the vocabulary, a CPU's costliest part
     of verifying, is taken only at the nodes with children, and then at the leaf for the bonus token, where
-    that is fewer rows than N (a Medusa tree-15 needs 6 of 16; a chain all but its last)."""
+    that is fewer rows than N (a Medusa tree-15 needs 6 of 16; a chain needs all N, so it takes them at once)."""
     ancestors, parents, depths = tree.greedy_tensors(logits.device)
     inner = tree.inner_rows(logits.device)
     if inner is None:
