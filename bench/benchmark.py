@@ -53,6 +53,7 @@ from headway.inference.cpu_gemm import pack_linears
 from headway.inference.draft_model import DraftModelProposer
 from headway.inference.generator import SpeculativeGenerator
 from headway.inference.prompt_lookup import PromptLookup
+from headway.inference.retrieval_choice import RetrievalChoice
 from headway.inference.suffix_decoding import SuffixDecoding
 from headway.inference.lookahead import Lookahead
 
@@ -93,7 +94,13 @@ DEFAULT_EAGLE_TREES = [name for name in EAGLE_TREES if not name.endswith("-unpru
 
 
 RETRIEVAL = {"lookup": lambda: [PromptLookup()], "suffix": lambda: [SuffixDecoding(cross_request=False)],
-             "lookup+suffix": lambda: [PromptLookup(), SuffixDecoding(cross_request=False)]}
+             "lookup+suffix": lambda: [PromptLookup(), SuffixDecoding(cross_request=False)],
+             "choice": lambda: [retrieval_choice()]}
+
+
+def retrieval_choice() -> RetrievalChoice:
+    """Suffix decoding or prompt lookup, whichever would have been accepted more so far in the request."""
+    return RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()])
 
 
 def with_lookup(drafter, lookup) -> list:
@@ -142,6 +149,7 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
                                                                   tree=None))
         out["suffix decoding auto"] = ("headway", SpeculativeGenerator(target, SuffixDecoding(cross_request=False),
                                                                        tree="auto"))
+        out["retrieval choice auto"] = ("headway", SpeculativeGenerator(target, retrieval_choice(), tree="auto"))
     if "lookahead" in families:  # the target drafts for itself: Jacobi window + n-gram pool (W/N/G)
         for w, n, g in ((5, 4, 3), (3, 3, 2)):  # the default (15 nodes a pass), and a narrower one (7)
             out[f"lookahead {w}/{n}/{g}"] = ("headway", SpeculativeGenerator(
@@ -374,7 +382,8 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="also run each Medusa/EAGLE tree as a hybrid with retrieval merged into it (+ lookup rows)")
     p.add_argument("--hybrid-retrieval", default="lookup",
                    help=f"the retrieval drafters each hybrid row merges, one row each, of {list(RETRIEVAL)} "
-                        "(suffix: suffix decoding within the request; lookup+suffix: both)")
+                        "(suffix: suffix decoding within the request; lookup+suffix: both merged; choice: one of the "
+                        "two each round, the one that would have been accepted more so far)")
     p.add_argument("--pack-linears", action=argparse.BooleanOptionalAction, default=True,
                    help="float32 CPU target: prepack its linear weights for multi-row passes (verification, prefill; "
                         "one-row plain decoding keeps its kernel), see headway.inference.cpu_gemm; no-op elsewhere")

@@ -17,6 +17,7 @@ from headway.inference.layerskip import LayerSkipProposer
 from headway.inference.lookahead import Lookahead
 from headway.inference.medusa import MedusaProposer
 from headway.inference.prompt_lookup import PromptLookup
+from headway.inference.retrieval_choice import RetrievalChoice
 from headway.inference.suffix_decoding import SuffixDecoding
 from headway.inference.tree import Tree, available_trees, chain, load_tree
 from headway.inference.verify import (SamplingParams, process_logits, verify_chain_sampling, verify_greedy,
@@ -24,7 +25,7 @@ from headway.inference.verify import (SamplingParams, process_logits, verify_cha
 
 __all__ = [
     "Draft", "DraftContext", "DraftModelProposer", "Proposer", "DynamicTree", "EagleProposer", "GenerationStats", "HybridProposer", "LayerSkipProposer", "Lookahead", "MedusaProposer", "PromptLookup",
-    "SamplingParams", "SpeculativeGenerator", "SpeculativeOutput", "SuffixDecoding", "Tree", "as_proposer", "available_trees", "chain",
+    "RetrievalChoice", "SamplingParams", "SpeculativeGenerator", "SpeculativeOutput", "SuffixDecoding", "Tree", "as_proposer", "available_trees", "chain",
     "compact_cache", "load_tree", "new_cache", "pack_linears", "process_logits", "unpack_linears", "verify_chain_sampling", "verify_greedy",
     "verify_sampling", "verify_typical",
 ]

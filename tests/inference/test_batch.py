@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import headway.inference.batch as batch_mod
-from headway.inference import DraftModelProposer, Lookahead, PromptLookup, SpeculativeGenerator, SuffixDecoding
+from headway.inference import (DraftModelProposer, Lookahead, PromptLookup, RetrievalChoice, SpeculativeGenerator,
+                               SuffixDecoding)
 from headway.inference.batch import BatchCost, check_batch
 from headway.inference.cost_curve import OnlineCost
 from headway.inference.kv_cache import compact_rows, new_cache, repack_rows
@@ -48,10 +49,12 @@ def assert_rows_equal_generate(target, out, prompts, ids, max_new, pad, **settin
 def family_drafters(family, eagle):
     return {"medusa": family.heads, "eagle1": eagle[1], "eagle3": eagle[3], "draft-model": DraftModelProposer(family.draft),
             "lookup": PromptLookup(max_matches=2), "suffix": SuffixDecoding(), "lookahead": Lookahead(),
-            "hybrid": [eagle[3], PromptLookup()]}
+            "hybrid": [eagle[3], PromptLookup()],
+            "hybrid-choice": [eagle[3], RetrievalChoice([SuffixDecoding(), PromptLookup()])]}
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3", "draft-model", "lookup", "suffix", "lookahead", "hybrid"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3", "draft-model", "lookup", "suffix", "lookahead", "hybrid",
+                                  "hybrid-choice"])
 @pytest.mark.parametrize("tree", [None, "auto"])
 def test_every_row_equals_its_own_generate(family, eagle, kind, tree):
     """Rows of 1-30 tokens (some repeating a segment), their own EOS (the tiny targets' tokenizer EOS)."""

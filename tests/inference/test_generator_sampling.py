@@ -32,7 +32,8 @@ from headway.heads.eagle_layer import DraftCache
 from headway.heads.layerskip import LayerSkipHead
 from headway.heads.peagle import PEagleHead
 from headway.heads.target.features import capture_features
-from headway.inference import DraftModelProposer, Lookahead, PromptLookup, SpeculativeGenerator, SuffixDecoding
+from headway.inference import (DraftModelProposer, Lookahead, PromptLookup, RetrievalChoice, SpeculativeGenerator,
+                               SuffixDecoding)
 from tests.inference.eagle_utils import eagle_q_ref, train_eagle
 from tests.inference.spec_utils import (PROMPT, SETTINGS, VerifyRecorder, WiringCase, check_wiring, chi2_pvalue, context_logits,
                         exact_joint, lm_q_ref, lookup_check, medusa_check, tiny_vocab_model, train_medusa)
@@ -65,6 +66,10 @@ WIRING = {
     "lookup-tree": lambda m: lookup_case(PromptLookup(max_matches=3, max_ngram_size=2)),
     # suffix decoding's every path follows an earlier occurrence of a context suffix, as prompt lookup's does
     "suffix": lambda m: WiringCase(SuffixDecoding(cross_request=False, max_spec_factor=4.0, min_token_prob=0.0),
+                                   check_draft=lookup_check(SimpleNamespace(min_ngram_size=1, max_ngram_size=12))),
+    # both retrievers each round, one draft handed on (the one that would have been accepted more so far)
+    "choice": lambda m: WiringCase(RetrievalChoice([SuffixDecoding(cross_request=False, min_token_prob=0.0),
+                                                    PromptLookup(max_matches=2)], margin=1),
                                    check_draft=lookup_check(SimpleNamespace(min_ngram_size=1, max_ngram_size=12))),
     # lookahead decoding: the Jacobi window and pool candidates, deterministic, verified one-hot
     "lookahead": lambda m: WiringCase(Lookahead(window=3, ngram=3, guesses=2), fixed_shape=False),

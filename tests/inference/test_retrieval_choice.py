@@ -1,0 +1,89 @@
+"""Choosing among retrieval drafters: the counterfactual judgment of each round's drafts, the switch to the
+retriever that would have been accepted more, and exact output alone, in a hybrid and in a batch."""
+
+import pytest
+import torch
+
+from headway.inference import (Draft, DraftModelProposer, Lookahead, PromptLookup, Proposer, RetrievalChoice,
+                               SpeculativeGenerator, SuffixDecoding, Tree)
+from headway.inference.retrieval_choice import matched_depth
+from tests.inference.spec_utils import copy_prompt_tau, noisy_copy, reference_generate, tiny_vocab_model
+
+
+def test_matched_depth_walks_the_tree_along_the_text_that_followed():
+    parents, tokens = [-1, 0, 1, 0, 3], [9, 4, 5, 6, 7]  # root 9: 4-5 and 6-7
+    assert matched_depth(parents, tokens, [4, 5, 2]) == 2  # the whole 4-5 branch
+    assert matched_depth(parents, tokens, [6, 3]) == 1  # 6, then 3 is not 7
+    assert matched_depth(parents, tokens, [2]) == 0
+    assert matched_depth(parents, tokens, [6]) is None  # 6 has a child: the next token decides
+    assert matched_depth(parents, tokens, []) is None
+    assert matched_depth(parents, tokens, [4, 5]) == 2  # a leaf reached: nothing deeper to know
+
+
+class Scripted(Proposer):
+    """A chain drafter that copies ``text`` from the context's end, each token shifted by ``shift`` (0: right)."""
+
+    def __init__(self, text: list[int], shift: int, depth: int = 3, vocab: int = 8):
+        self.text, self.shift, self.depth, self.vocab = text, shift, depth, vocab
+
+    def propose(self, ctx):
+        at = ctx.tokens.shape[0]
+        nxt = [(t + self.shift) % self.vocab for t in self.text[at:at + min(self.depth, ctx.max_depth)]]
+        return Draft(Tree([-1] + list(range(len(nxt)))), torch.tensor([int(ctx.tokens[-1])] + nxt))
+
+
+class Silent(Proposer):
+    def propose(self, ctx):
+        return Draft(Tree([-1]), ctx.tokens[-1:].clone())
+
+
+def test_the_retriever_that_would_have_been_accepted_takes_over():
+    model = tiny_vocab_model(seed=3)
+    prompt = torch.tensor([[2, 5, 3, 7, 4]])
+    ref = reference_generate(model, prompt, 30, eos_token_id=None)
+    text = ref[0].tolist()
+    choice = RetrievalChoice([Scripted(text, shift=1), Scripted(text, shift=0)])  # the first one is always wrong
+    out = SpeculativeGenerator(model, choice, tree=None).generate(prompt, max_new_tokens=30)
+    assert torch.equal(out.sequences, ref)
+    # three wrong rounds (one token each) before the first right draft's three tokens are known, then the right one
+    assert choice.current == 1 and choice.chosen == [3, 7], choice.chosen
+    assert choice.accepted[0] == 0 and choice.accepted[1] >= 3 * 5, choice.accepted
+    wrong = SpeculativeGenerator(model, Scripted(text, shift=1), tree=None).generate(prompt, max_new_tokens=30)
+    assert out.stats.target_forward_passes < wrong.stats.target_forward_passes / 2
+
+
+def test_a_lead_under_the_margin_does_not_switch_and_a_silent_retriever_gives_way():
+    model = tiny_vocab_model(seed=3)
+    prompt = torch.tensor([[2, 5, 3, 7, 4]])
+    text = reference_generate(model, prompt, 20, eos_token_id=None)[0].tolist()
+    choice = RetrievalChoice([Scripted(text, shift=1), Scripted(text, shift=0, depth=1)], margin=100)
+    SpeculativeGenerator(model, choice, tree=None).generate(prompt, max_new_tokens=20)
+    assert choice.current == 0 and choice.accepted[1] > 0 and choice.chosen[1] == 0
+    silent = RetrievalChoice([Silent(), Scripted(text, shift=0)], margin=100)
+    out = SpeculativeGenerator(model, silent, tree=None).generate(prompt, max_new_tokens=20)
+    assert silent.current == 0 and silent.chosen[1] == silent.chosen[0] + silent.chosen[1]  # the drafting one drafts
+    assert out.stats.mean_accepted_length > 3
+
+
+def test_prompt_lookup_and_suffix_decoding_by_choice_are_exact_alone_and_in_a_hybrid():
+    model = tiny_vocab_model(seed=3)
+    g = torch.Generator().manual_seed(0)
+    choice = RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()])
+    assert copy_prompt_tau(model, SpeculativeGenerator(model, choice), g) > 2.0
+    assert sum(choice.chosen) > 0
+    hybrid = [DraftModelProposer(noisy_copy(model, scale=2.0, seed=1), gamma=3),
+              RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()])]
+    assert copy_prompt_tau(model, SpeculativeGenerator(model, hybrid), g) > 1.5
+    # a batch's rows: tests/inference/test_batch.py ("hybrid-choice")
+
+
+def test_forks_judge_apart_and_bad_lists_are_one_line():
+    choice = RetrievalChoice([PromptLookup(), SuffixDecoding()])
+    clone = choice.fork()
+    assert clone.drafters[0] is not choice.drafters[0] and clone.accepted is not choice.accepted
+    with pytest.raises(ValueError, match="at least two"):
+        RetrievalChoice([PromptLookup()])
+    with pytest.raises(ValueError, match="reads the target"):
+        RetrievalChoice([PromptLookup(), Lookahead()])
+    with pytest.raises(ValueError, match="margin"):
+        RetrievalChoice([PromptLookup(), SuffixDecoding()], margin=-1)
