@@ -130,7 +130,8 @@ class HybridProposer(Proposer):
         drafts = [(yield from primary.propose_steps(own)) if rows else primary.propose(own)]
         drafts += others
         if any(d.q is not None for d in drafts):  # sampled candidates: one drafter's tree this round
-            return next((d for d in drafts if d.tree.size > 1), drafts[0])
+            k = next((k for k, d in enumerate(drafts) if d.tree.size > 1), 0)
+            return dataclasses.replace(drafts[k], sources=own_sources(drafts[k], ids[k]))
         return merge_drafts(drafts, self.max_extra_nodes, ids) if len(drafts) > 1 else drafts[0]
 
     def propose_first(self, ctx: DraftContext) -> Draft:
@@ -146,19 +147,19 @@ class HybridProposer(Proposer):
 def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | None = None) -> Draft:
     """One draft holding every path of ``drafts`` (deterministic, sharing the root): the first one's nodes
     as they are, then each other's that the trie lacks, at most ``max_extra_nodes`` of them per draft.
-    ``ids`` [len(drafts)] name the drafters in ``Draft.sources`` (default 0, 1, ...): a node shared by
-    several is credited to the one that scores it highest."""
+    ``ids`` [len(drafts)] name the drafters in ``Draft.sources`` (default 0, 1, ...; ``own_sources``): a node
+    shared by several is credited to the one that scores it highest."""
     ids = list(range(len(drafts))) if ids is None else ids
     first = drafts[0]
     if all(d.tree.size == 1 for d in drafts[1:]):
-        return dataclasses.replace(first, sources=[ids[0]] * first.tree.size)
+        return dataclasses.replace(first, sources=own_sources(first, ids[0]))
     parents, tokens = list(first.tree.parents), first.tokens.tolist()
     scored = all(d.scores is not None for d in drafts)  # each node's best estimate when every drafter gives one
     scores = first.score_list() if scored else None
-    sources = [ids[0]] * len(parents)
+    sources = own_sources(first, ids[0])
     child = {(parents[i], tokens[i]): i for i in range(1, len(parents))}
     for d, source in zip(drafts[1:], ids[1:]):
-        own, toks, added = d.tree.parents, d.tokens.tolist(), 0
+        own, toks, added, named = d.tree.parents, d.tokens.tolist(), 0, own_sources(d, source)
         theirs = d.score_list() if scored else None
         where = [0] * len(own)  # node of d -> merged node (parents come before children); -1: left out
         for i in range(1, len(own)):
@@ -170,11 +171,20 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | Non
                 child[key] = len(parents)
                 parents.append(key[0])
                 tokens.append(toks[i])
-                sources.append(source)
+                sources.append(named[i])
                 added += 1
                 if scored:
                     scores.append(0.0)
             where[i] = child[key]
             if scored and theirs[i] > scores[where[i]]:
-                scores[where[i]], sources[where[i]] = theirs[i], source
+                scores[where[i]], sources[where[i]] = theirs[i], named[i]
     return Draft(Tree(parents, name="hybrid"), first.tokens.new_tensor(tokens), scores=scores, sources=sources)
+
+
+def own_sources(draft: Draft, source: int) -> list:
+    """``Draft.sources`` of ``draft`` as drafter ``source`` of a hybrid: ``source`` for each node, or (source, its own
+    source) where the draft names its own (a ``RetrievalChoice``: which retriever), so tree="auto" calibrates each
+    retriever apart."""
+    if draft.sources is None:
+        return [source] * draft.tree.size
+    return [(source, s) for s in draft.sources]

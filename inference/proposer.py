@@ -60,7 +60,8 @@ class Draft:
     scores: list[float] | torch.Tensor | None = None  # [N] the drafter's own estimate that node i is accepted (root 1.0):
     # cumulative draft probabilities, continuation frequencies; None: tree="auto" uses the acceptance seen so far.
     # Sampled drafts (q set): tree="auto" ignores them (cutting by what was drawn would bias the output)
-    sources: list[int] | None = None  # [N] which drafter of a hybrid proposed node i (None: all one drafter)
+    sources: list | None = None  # [N] which drafter of a hybrid proposed node i (None: all one drafter; a drafter that
+    # chooses among its parts names the part, and a hybrid holding it names (its id, the part): hybrid.own_sources)
     # [>= N, H] a drafter that ran the target's first layers over the nodes into its cache (LayerSkip): their
     # states there, which verification resumes from (headway.inference.layerskip.resume_forward); None: a full pass
     states: torch.Tensor | None = None

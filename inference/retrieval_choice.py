@@ -1,18 +1,18 @@
 """Several retrieval drafters, one drafting each round: the one that would have been accepted most so far
 in this request.
 
-    SpeculativeGenerator(target, [eagle_head, RetrievalChoice([PromptLookup(), SuffixDecoding()])])
+    SpeculativeGenerator(target, [eagle_head, RetrievalChoice([SuffixDecoding(), PromptLookup()])])
 
 Retrieval drafters differ by task: prompt lookup copies the latest long match whole (translation,
-code), suffix decoding ranks continuations by frequency (retrieval-augmented answers, multi-turn
-chat). Merging both trees widens every pass with nodes the weaker one adds (measured slower than
-either alone, BENCHMARKS.md), so this drafter asks each one every round (both are nearly free and keep
-their own indexes in step with the context) but hands on one draft: the one whose retriever has the
-most tokens it *would have* accepted in this request. That judgment is free and counterfactual: each
-round's drafts are kept, and once the text after them is known, each is walked along the tokens that
-did follow (the accepted length a greedy verification of that draft would have reached). The choice
-depends on past tokens only, so every output stays exact (greedy and sampled: the draft is
-deterministic). A retriever that finds nothing this round gives way to one that does.
+code), suffix decoding ranks continuations by frequency (retrieval-augmented answers, summaries).
+Merging both trees widens every pass with nodes the weaker one adds (measured slower than either
+alone, BENCHMARKS.md), so this drafter asks each one every round (both are nearly free and keep their
+own indexes in step with the context) but hands on one draft: the one whose retriever has the most
+tokens it *would have* accepted so far in this request. That judgment is free and counterfactual:
+each round's drafts are kept and, once the text after them is known, walked along the tokens that did
+follow (the accepted length a greedy verification of that draft would have reached). The choice depends on past tokens only, so every output stays exact
+(greedy and sampled: the draft is deterministic). A retriever that finds nothing this round gives way
+to one that does.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ def matched_depth(parents: list[int], tokens: list[int], followed: list[int]) ->
 
 class RetrievalChoice(Proposer):
     """Retrieval drafters (no target features), one drafting each round; see the module docstring.
+
+    Each request starts from no evidence with the first retriever (list the one whose drafts cost less first:
+    measured, a new request that started with the last one's leader kept prompt lookup's wider passes on summaries,
+    where both were accepted about as much, and ran 5% slower there; BENCHMARKS.md).
 
     Args:
         drafters: the retrieval drafters, in order of preference before any evidence (ties keep the earlier).
@@ -78,7 +82,7 @@ class RetrievalChoice(Proposer):
         for d in self.drafters:
             d.reset()
         self.accepted = [0] * len(self.drafters)  # tokens each would have had accepted in this request
-        self.current = 0  # the retriever drafting now
+        self.current = 0  # the retriever drafting now: the first one until another leads by ``margin``
         self.chosen = [0] * len(self.drafters)  # rounds each one's draft was handed on
         self._open: list[tuple[int, list]] = []  # (root position, [(parents, tokens) per retriever]) not yet judged
 
@@ -99,7 +103,8 @@ class RetrievalChoice(Proposer):
         pick = self.current if drafts[self.current].tree.size > 1 else \
             next((i for i, d in enumerate(drafts) if d.tree.size > 1), self.current)
         self.chosen[pick] += 1
-        return drafts[pick]
+        # which retriever drafted: tree="auto" calibrates each one's scores apart (they mean different things)
+        return dataclasses.replace(drafts[pick], sources=[pick] * drafts[pick].tree.size)
 
     def _judge(self, host: list[int]) -> None:
         """Score the kept drafts whose outcome the text now shows; a retriever that leads by ``margin`` takes over."""

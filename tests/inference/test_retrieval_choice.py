@@ -50,6 +50,9 @@ def test_the_retriever_that_would_have_been_accepted_takes_over():
     assert choice.accepted[0] == 0 and choice.accepted[1] >= 3 * 5, choice.accepted
     wrong = SpeculativeGenerator(model, Scripted(text, shift=1), tree=None).generate(prompt, max_new_tokens=30)
     assert out.stats.target_forward_passes < wrong.stats.target_forward_passes / 2
+    # the next request starts again from no evidence, with the first one
+    again = SpeculativeGenerator(model, choice, tree=None).generate(prompt, max_new_tokens=30)
+    assert torch.equal(again.sequences, ref) and choice.chosen == [3, 7] and choice.accepted[0] == 0
 
 
 def test_a_lead_under_the_margin_does_not_switch_and_a_silent_retriever_gives_way():
@@ -87,3 +90,22 @@ def test_forks_judge_apart_and_bad_lists_are_one_line():
         RetrievalChoice([PromptLookup(), Lookahead()])
     with pytest.raises(ValueError, match="margin"):
         RetrievalChoice([PromptLookup(), SuffixDecoding()], margin=-1)
+
+
+def test_each_retriever_is_calibrated_apart_alone_and_in_a_hybrid():
+    from headway.inference.hybrid import merge_drafts
+
+    model_draft = Draft(Tree([-1, 0]), torch.tensor([9, 4]))
+    chosen = Draft(Tree([-1, 0, 1]), torch.tensor([9, 4, 5]), sources=[1, 1, 1])  # RetrievalChoice's part 1 drafted
+    merged = merge_drafts([model_draft, chosen], 4, ids=[0, 1])
+    assert merged.tokens.tolist() == [9, 4, 5] and merged.sources == [0, 0, (1, 1)]  # node 4 stays the model's
+    model = tiny_vocab_model(seed=3)
+    g = torch.Generator().manual_seed(0)
+    alone = SpeculativeGenerator(model, RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()]))
+    copy_prompt_tau(model, alone, g)
+    assert {key[0] for key in alone._controller.cells} <= {0, 1}
+    hybrid = SpeculativeGenerator(model, [DraftModelProposer(noisy_copy(model, scale=2.0, seed=1), gamma=3),
+                                          RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()])])
+    copy_prompt_tau(model, hybrid, g)
+    sources = {key[0] for key in hybrid._controller.cells}
+    assert 0 in sources and sources & {(1, 0), (1, 1)} and sources <= {0, (1, 0), (1, 1)}, sources
