@@ -10,9 +10,9 @@ alone, BENCHMARKS.md), so this drafter asks each one every round (both are nearl
 own indexes in step with the context) but hands on one draft: the one whose retriever has the most
 tokens it *would have* accepted so far in this request. That judgment is free and counterfactual:
 each round's drafts are kept and, once the text after them is known, walked along the tokens that did
-follow (the accepted length a greedy verification of that draft would have reached). The choice depends on past tokens only, so every output stays exact
-(greedy and sampled: the draft is deterministic). A retriever that finds nothing this round gives way
-to one that does.
+follow (the accepted length a greedy verification of that draft would have reached). The choice
+depends on past tokens only, so every output stays exact (greedy and sampled: the draft is
+deterministic). A retriever that finds nothing this round gives way to one that does.
 """
 
 from __future__ import annotations
