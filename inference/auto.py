@@ -113,7 +113,8 @@ class AutoTree:
         self.cost = OnlineCost(curve)
         self.pad_to = pad_to  # the generator's padding of verification widths
         self.graphed = False  # passes captured in CUDA graphs: widths padded to powers of two (target_graphs)
-        self.cells: dict[tuple[int, int, int], list[float]] = {}  # (source, depth, band) -> [accepted, tried]
+        # (source, depth, band) -> [accepted, tried]; source: Draft.sources' entry (an int, or a hybrid's (id, part))
+        self.cells: dict[tuple, list[float]] = {}
         self.drafter_backoff = Backoff()  # the whole drafter (a hybrid: its model part when nothing was retrieved)
         # a hybrid's model part next to retrieved candidates, per band of what retrieval alone promises
         # (its tokens per step): beside a long confident copy a model drafter rarely adds anything

@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import torch
+
 from headway.inference.proposer import Draft, DraftContext, Proposer, as_proposer
 
 
@@ -71,8 +73,8 @@ class RetrievalChoice(Proposer):
             d.bind(target_model)
 
     def resolve_tree(self, spec):
-        self._trees = [d.resolve_tree(spec) for d in self.drafters]
-        return self._trees[0]
+        """Retrieval drafters read the generator's tree alike (a cap on the trees they build): the first one's."""
+        return self.drafters[0].resolve_tree(spec)
 
     def check_tree(self, tree) -> None:
         for d in self.drafters:
@@ -83,7 +85,7 @@ class RetrievalChoice(Proposer):
             d.reset()
         self.accepted = [0] * len(self.drafters)  # tokens each would have had accepted in this request
         self.current = 0  # the retriever drafting now: the first one until another leads by ``margin``
-        self.chosen = [0] * len(self.drafters)  # rounds each one's draft was handed on
+        self.chosen = [0] * len(self.drafters)  # rounds each one's (non-empty) draft was handed on
         self._open: list[tuple[int, list]] = []  # (root position, [(parents, tokens) per retriever]) not yet judged
 
     def fork(self) -> "RetrievalChoice":
@@ -95,16 +97,19 @@ class RetrievalChoice(Proposer):
     def propose(self, ctx: DraftContext) -> Draft:
         host = ctx.host_tokens if ctx.host_tokens is not None else ctx.tokens.tolist()
         self._judge(host)
-        trees = getattr(self, "_trees", None) or [ctx.tree] * len(self.drafters)
-        drafts = [d.propose(_with_tree(ctx, t)) for d, t in zip(self.drafters, trees)]
+        device = ctx.tokens.device
+        if device.type != "cpu":  # the retrievers draft on the host, where their drafts are read for the judgment
+            ctx = dataclasses.replace(ctx, tokens=torch.tensor(host, dtype=torch.long), host_tokens=host)
+        drafts = [d.propose(ctx) for d in self.drafters]
         shapes = [(list(d.tree.parents), d.tokens.tolist()) for d in drafts]
         if any(len(p) > 1 for p, _ in shapes):
             self._open.append((len(host), shapes))
         pick = self.current if drafts[self.current].tree.size > 1 else \
             next((i for i, d in enumerate(drafts) if d.tree.size > 1), self.current)
-        self.chosen[pick] += 1
+        draft = drafts[pick]
+        self.chosen[pick] += draft.tree.size > 1
         # which retriever drafted: tree="auto" calibrates each one's scores apart (they mean different things)
-        return dataclasses.replace(drafts[pick], sources=[pick] * drafts[pick].tree.size)
+        return dataclasses.replace(draft, tokens=draft.tokens.to(device), sources=[pick] * draft.tree.size)
 
     def _judge(self, host: list[int]) -> None:
         """Score the kept drafts whose outcome the text now shows; a retriever that leads by ``margin`` takes over."""
@@ -120,7 +125,3 @@ class RetrievalChoice(Proposer):
         best = max(range(len(self.accepted)), key=lambda i: (self.accepted[i], -i))
         if self.accepted[best] >= self.accepted[self.current] + self.margin:
             self.current = best
-
-
-def _with_tree(ctx: DraftContext, tree) -> DraftContext:
-    return ctx if tree is ctx.tree else dataclasses.replace(ctx, tree=tree)

@@ -7,7 +7,8 @@ import torch
 from headway.inference import (Draft, DraftModelProposer, Lookahead, PromptLookup, Proposer, RetrievalChoice,
                                SpeculativeGenerator, SuffixDecoding, Tree)
 from headway.inference.retrieval_choice import matched_depth
-from tests.inference.spec_utils import copy_prompt_tau, noisy_copy, reference_generate, tiny_vocab_model
+from tests.inference.spec_utils import (copy_prompt_tau, draft_context, made_up_curve, noisy_copy, reference_generate,
+                                       tiny_vocab_model)
 
 
 def test_matched_depth_walks_the_tree_along_the_text_that_followed():
@@ -64,26 +65,49 @@ def test_a_lead_under_the_margin_does_not_switch_and_a_silent_retriever_gives_wa
     assert choice.current == 0 and choice.accepted[1] > 0 and choice.chosen[1] == 0
     silent = RetrievalChoice([Silent(), Scripted(text, shift=0)], margin=100)
     out = SpeculativeGenerator(model, silent, tree=None).generate(prompt, max_new_tokens=20)
-    assert silent.current == 0 and silent.chosen[1] == silent.chosen[0] + silent.chosen[1]  # the drafting one drafts
+    assert silent.current == 0 and silent.chosen[0] == 0 and silent.chosen[1] > 0  # the drafting one drafts
     assert out.stats.mean_accepted_length > 3
+
+
+class Watched(RetrievalChoice):
+    """Records which retriever was drafting after each judgment."""
+
+    seen: set
+
+    def _judge(self, host):
+        super()._judge(host)
+        self.__dict__.setdefault("seen", set()).add(self.current)
 
 
 def test_prompt_lookup_and_suffix_decoding_by_choice_are_exact_alone_and_in_a_hybrid():
     model = tiny_vocab_model(seed=3)
     g = torch.Generator().manual_seed(0)
-    choice = RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()])
-    assert copy_prompt_tau(model, SpeculativeGenerator(model, choice), g) > 2.0
-    assert sum(choice.chosen) > 0
+    choice = Watched([SuffixDecoding(cross_request=False), PromptLookup()], margin=0)
+    assert copy_prompt_tau(model, SpeculativeGenerator(model, choice), g, prompts=6) > 2.0
+    assert choice.seen == {0, 1}  # prompt lookup took over from suffix decoding at times
     hybrid = [DraftModelProposer(noisy_copy(model, scale=2.0, seed=1), gamma=3),
               RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()])]
     assert copy_prompt_tau(model, SpeculativeGenerator(model, hybrid), g) > 1.5
     # a batch's rows: tests/inference/test_batch.py ("hybrid-choice")
 
 
+def test_the_generators_tree_caps_every_retriever():
+    choice = RetrievalChoice([SuffixDecoding(cross_request=False, min_token_prob=0.0), PromptLookup()])
+    tree = choice.resolve_tree("chain-2")
+    tokens = [2, 5, 3, 7, 4, 6, 2, 5, 3, 7, 4, 6, 2, 5]
+    for i in range(2):
+        choice.current = i
+        draft = choice.propose(draft_context(tokens, tree=tree))
+        assert 2 <= draft.tree.size <= 3 and max(draft.tree.depths) <= 2 and draft.sources == [i] * draft.tree.size
+
+
 def test_forks_judge_apart_and_bad_lists_are_one_line():
     choice = RetrievalChoice([PromptLookup(), SuffixDecoding()])
     clone = choice.fork()
     assert clone.drafters[0] is not choice.drafters[0] and clone.accepted is not choice.accepted
+    choice.propose(draft_context([2, 5, 3, 2, 5]))
+    clone.propose(draft_context([4, 6, 4, 6, 4, 6]))
+    assert len(choice._open) == len(clone._open) == 1 and choice._open[0][0] == 5 and clone._open[0][0] == 6
     with pytest.raises(ValueError, match="at least two"):
         RetrievalChoice([PromptLookup()])
     with pytest.raises(ValueError, match="reads the target"):
@@ -101,11 +125,30 @@ def test_each_retriever_is_calibrated_apart_alone_and_in_a_hybrid():
     assert merged.tokens.tolist() == [9, 4, 5] and merged.sources == [0, 0, (1, 1)]  # node 4 stays the model's
     model = tiny_vocab_model(seed=3)
     g = torch.Generator().manual_seed(0)
-    alone = SpeculativeGenerator(model, RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()]))
-    copy_prompt_tau(model, alone, g)
-    assert {key[0] for key in alone._controller.cells} <= {0, 1}
+    prompt = torch.tensor([[2, 5, 3, 7, 4]])
+    text = reference_generate(model, prompt, 30, eos_token_id=None)[0].tolist()
+    alone = SpeculativeGenerator(model, RetrievalChoice([Scripted(text, shift=1), Scripted(text, shift=0)]),
+                                 cost_curve=made_up_curve(0.1))
+    alone.generate(prompt, max_new_tokens=30)
+    assert {0, 1} <= {key[0] for key in alone._controller.cells} <= {0, 1}  # the wrong one's cells and the right one's
     hybrid = SpeculativeGenerator(model, [DraftModelProposer(noisy_copy(model, scale=2.0, seed=1), gamma=3),
                                           RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()])])
     copy_prompt_tau(model, hybrid, g)
     sources = {key[0] for key in hybrid._controller.cells}
     assert 0 in sources and sources & {(1, 0), (1, 1)} and sources <= {0, (1, 0), (1, 1)}, sources
+
+
+class Sampled(Proposer):
+    """A drafter that drew nothing this round but says it samples (q set): the hybrid verifies another's tree."""
+
+    def propose(self, ctx):
+        return Draft(Tree([-1]), ctx.tokens[-1:].clone(), q=torch.full((1, 8), 1 / 8))
+
+
+def test_a_sampled_round_verifying_the_choice_alone_names_the_retriever():
+    from headway.inference import HybridProposer, SamplingParams
+
+    hybrid = HybridProposer([Sampled(), RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()])])
+    ctx = draft_context([2, 5, 3, 7, 2, 5, 3], sampling=SamplingParams(1.0))
+    draft = hybrid.propose(ctx)
+    assert draft.tree.size > 1 and draft.sources == [(1, 0)] * draft.tree.size  # suffix decoding's, as the hybrid's 1
