@@ -20,8 +20,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-import torch
-
 from headway.inference.proposer import Draft, DraftContext, Proposer, as_proposer
 
 
@@ -99,7 +97,8 @@ class RetrievalChoice(Proposer):
         self._judge(host)
         device = ctx.tokens.device
         if device.type != "cpu":  # the retrievers draft on the host, where their drafts are read for the judgment
-            ctx = dataclasses.replace(ctx, tokens=torch.tensor(host, dtype=torch.long), host_tokens=host)
+            ctx = dataclasses.replace(ctx, host_tokens=host)
+            ctx = dataclasses.replace(ctx, tokens=ctx.host_context())
         drafts = [d.propose(ctx) for d in self.drafters]
         shapes = [(list(d.tree.parents), d.tokens.tolist()) for d in drafts]
         if any(len(p) > 1 for p, _ in shapes):

@@ -1,12 +1,16 @@
 """Choosing among retrieval drafters: the counterfactual judgment of each round's drafts, the switch to the
 retriever that would have been accepted more, and exact output alone, in a hybrid and in a batch."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from headway.inference import (Draft, DraftModelProposer, Lookahead, PromptLookup, Proposer, RetrievalChoice,
                                SpeculativeGenerator, SuffixDecoding, Tree)
+from headway.inference.proposer import root_only
 from headway.inference.retrieval_choice import matched_depth
+from headway.inference.tree import chain
 from tests.inference.spec_utils import (copy_prompt_tau, draft_context, made_up_curve, noisy_copy, reference_generate,
                                        tiny_vocab_model)
 
@@ -30,12 +34,12 @@ class Scripted(Proposer):
     def propose(self, ctx):
         at = ctx.tokens.shape[0]
         nxt = [(t + self.shift) % self.vocab for t in self.text[at:at + min(self.depth, ctx.max_depth)]]
-        return Draft(Tree([-1] + list(range(len(nxt)))), torch.tensor([int(ctx.tokens[-1])] + nxt))
+        return Draft(chain(len(nxt)), torch.tensor([int(ctx.tokens[-1])] + nxt))
 
 
 class Silent(Proposer):
     def propose(self, ctx):
-        return Draft(Tree([-1]), ctx.tokens[-1:].clone())
+        return root_only(ctx)
 
 
 def test_the_retriever_that_would_have_been_accepted_takes_over():
@@ -142,7 +146,7 @@ class Sampled(Proposer):
     """A drafter that drew nothing this round but says it samples (q set): the hybrid verifies another's tree."""
 
     def propose(self, ctx):
-        return Draft(Tree([-1]), ctx.tokens[-1:].clone(), q=torch.full((1, 8), 1 / 8))
+        return dataclasses.replace(root_only(ctx), q=torch.full((1, 8), 1 / 8))
 
 
 def test_a_sampled_round_verifying_the_choice_alone_names_the_retriever():
@@ -152,3 +156,15 @@ def test_a_sampled_round_verifying_the_choice_alone_names_the_retriever():
     ctx = draft_context([2, 5, 3, 7, 2, 5, 3], sampling=SamplingParams(1.0))
     draft = hybrid.propose(ctx)
     assert draft.tree.size > 1 and draft.sources == [(1, 0)] * draft.tree.size  # suffix decoding's, as the hybrid's 1
+
+
+def test_on_a_device_the_retrievers_draft_from_the_host_mirror():
+    """A context on another device (meta: no data, so any read of it would fail): the retrievers draft from the host
+    mirror and only the chosen draft's tokens go to the device, the same draft as on the CPU."""
+    tokens = [2, 5, 3, 7, 4, 6, 2, 5, 3, 7, 4, 6, 2, 5]
+    on_cpu = RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()]).propose(draft_context(tokens))
+    ctx = dataclasses.replace(draft_context(tokens), tokens=torch.empty(len(tokens), dtype=torch.long, device="meta"),
+                              host_tokens=tokens)
+    on_meta = RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()]).propose(ctx)
+    assert on_meta.tokens.device.type == "meta" and on_meta.tree.parents == on_cpu.tree.parents
+    assert on_meta.sources == on_cpu.sources and on_meta.score_list() == on_cpu.score_list()
