@@ -32,6 +32,7 @@ import time
 import torch
 
 from headway.heads.target.features import FeatureCapture
+from headway.inference import vocab_reduce
 from headway.inference.auto import prune
 from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, repack_rows
 from headway.inference.processors import GenerationSetup, apply_processors
@@ -342,7 +343,7 @@ def accept_rows(gen, live: list[Row], drafts: list[Draft], logits: torch.Tensor,
             row_logits = apply_processors(row.setup.processors, row.seq[:row.length], draft.tree, draft.tokens,
                                           row_logits)
         if row.proposer.reads_outputs:  # lookahead decoding: the target's own next tokens at the row's nodes
-            row.proposer.observe_outputs(draft, row_logits.argmax(-1).tolist())
+            row.proposer.observe_outputs(draft, vocab_reduce.argmax(row_logits).tolist())
         if sampling is None:
             leaf, bonus = verify_greedy_logits(draft.tree, draft.tokens, row_logits)
             on_device.append((i, torch.cat([torch.stack([leaf, bonus]), draft.tokens])))

@@ -25,6 +25,7 @@ from typing import Callable, Generator, NamedTuple
 import torch
 
 from headway.heads.values import parse_bool
+from headway.inference import vocab_reduce
 from headway.inference.proposer import Draft, HostRead, sample_children
 from headway.inference.tree import Tree
 from headway.inference.verify import SamplingParams
@@ -264,7 +265,7 @@ def grow_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_lo
     frontier, logits = [0], root_logits[None]
     for level in range(depth):
         logp = logits.float().log_softmax(-1)  # [R, V']
-        top = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [R, k]
+        top = vocab_reduce.topk(logp, min(k, logp.shape[-1]))  # [R, k]
         cum = top.values + torch.tensor([score[n] for n in frontier], device=logp.device)[:, None]  # [R, k]
         # one read per level: token ids (exact in float64) and cumulative log-probabilities together
         ids, cum = torch.stack([to_target(top.indices).double(), cum.double()]).tolist()
@@ -343,7 +344,7 @@ def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int,
     logits = root_logits[None]
     for level in range(depth):
         logp = logits.float().log_softmax(-1)  # [R, V']
-        top = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [R, k']
+        top = vocab_reduce.topk(logp, min(k, logp.shape[-1]))  # [R, k']
         width = top.indices.shape[1]
         cum = top.values + score[frontier][:, None]  # [R, k']
         base = tokens.shape[0]

@@ -27,7 +27,7 @@ import torch
 from headway.heads.target.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
 from headway.inference.proposer import Draft, DraftContext, as_proposer, check_draft, root_draft
-from headway.inference import target_graphs
+from headway.inference import target_graphs, vocab_reduce
 from headway.inference.graphs import CaptureError, resolve_backend
 from headway.inference.kv_cache import CACHE_SLACK, compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
@@ -304,7 +304,7 @@ class SpeculativeGenerator:
                     logits = apply_processors(processors, seq[:length], draft.tree, draft.tokens, logits)
                 path, new = self._accept(draft, logits, sampling, generator)
                 if drafter.reads_outputs:  # lookahead decoding: the target's own next tokens at the draft's nodes
-                    drafter.observe_outputs(draft, logits.argmax(-1).tolist())
+                    drafter.observe_outputs(draft, vocab_reduce.argmax(logits).tolist())
                 compact_cache(cache, length - 1, path, width)
                 if capture:  # the prompt's features, then the accepted path's: positions length-1 .. length-1+accepted
                     rows = graph_rows if graphed is not None else capture.pop()[0]  # [M + W, F]

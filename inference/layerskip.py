@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from headway.heads.layerskip import LayerSkipHead
+from headway.inference import vocab_reduce
 from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
 from headway.inference.tree import Tree, chain
 from headway.inference.target_forward import early_forward
@@ -98,7 +99,7 @@ class LayerSkipProposer(Proposer):
                 break  # the last token ran for its state only
             logits = head(state)[0].float()  # [V']
             if ctx.sampling is None:
-                choice = logits.argmax()[None]
+                choice = vocab_reduce.argmax(logits)[None]
                 chosen = logits.softmax(-1)[choice]
             else:
                 q = probs(logits, ctx.sampling)  # [V'] the distribution the next token is drawn from

@@ -15,6 +15,7 @@ import torch
 
 from headway.heads.target.features import num_layers
 from headway.heads.medusa import MedusaHeads
+from headway.inference import vocab_reduce
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
                                         run_alone)
 from headway.inference.tree import Tree, load_tree, node_path
@@ -63,7 +64,7 @@ class MedusaProposer(Proposer):
         dtype = next(self.heads.parameters()).dtype
         hidden = ctx.features[-1].to(dtype)  # [H]: the final-norm state that predicted the root
         logits = yield HeadLogits(self.heads, hidden, depth)  # [D, V]
-        best = logits.float().softmax(-1).topk(k, dim=-1)  # [D, k]: each head's k most likely tokens
+        best = vocab_reduce.topk(logits.float().softmax(-1), k)  # [D, k]: each head's k most likely tokens
         top = self.heads.to_target_ids(best.indices.reshape(-1))  # [D * k] target ids
         index = _flat_index(tree, k, top.device)  # [N - 1]
         tokens = torch.cat([ctx.tokens[-1:], top[index]])  # [N]

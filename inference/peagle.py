@@ -16,6 +16,7 @@ from typing import Generator
 import torch
 
 from headway.heads.peagle import PEagleHead
+from headway.inference import vocab_reduce
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.eagle import EagleProposer
 from headway.inference.proposer import Draft, DraftContext, DraftRequest, root_only
@@ -60,7 +61,7 @@ class PEagleProposer(EagleProposer):
             self._cache.crop(self._seen)
         logits = few_rows_linear(*head.projection(rows)).float()  # [depth, V']
         if ctx.sampling is None:
-            picked = logits.argmax(-1)  # [depth]
+            picked = vocab_reduce.argmax(logits)  # [depth]
             chosen = logits.softmax(-1).gather(1, picked[:, None])[:, 0]
             q = None
         else:

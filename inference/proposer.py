@@ -15,6 +15,7 @@ from typing import Generator, NamedTuple
 
 import torch
 
+from headway.inference import vocab_reduce
 from headway.inference.tree import Tree, load_tree
 from headway.inference.verify import SamplingParams, probs
 
@@ -290,7 +291,7 @@ def sample_children(logits: torch.Tensor, k: int, sampling: SamplingParams | Non
     """
     if sampling is None:  # one child: argmax, a third of topk(1)'s time on a CPU (on exact ties it may pick another
         # of the tied tokens than topk would: a draft, never the output, can differ)
-        return (logits.argmax(-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1).indices), None
+        return (vocab_reduce.argmax(logits).unsqueeze(-1) if k == 1 else vocab_reduce.topk(logits, k)[1]), None
     q = probs(logits, sampling)  # [R, V]
     u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(1e-20, 1.0)
     keys = q.log() - (-u.log()).log()  # log q + Gumbel; -inf where q == 0 (such draws are ignored by the verifier)

@@ -19,6 +19,8 @@ from typing import Sequence
 
 import torch
 
+from headway.inference import vocab_reduce
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -158,10 +160,10 @@ def verify_greedy_logits(tree, tokens: torch.Tensor, logits: torch.Tensor) -> tu
     ancestors, parents, depths = tree.greedy_tensors(logits.device)
     inner = tree.inner_rows(logits.device)
     if inner is None:
-        return verify_greedy_tensors(ancestors, parents, depths, tokens, logits.argmax(-1))
+        return verify_greedy_tensors(ancestors, parents, depths, tokens, vocab_reduce.argmax(logits))
     rows, parent_rows = inner  # [I] the nodes with children; [N] each node's parent's place among them
-    leaf = greedy_leaf(ancestors, parent_rows, depths, tokens, logits.index_select(0, rows).argmax(-1))
-    return leaf, logits.index_select(0, leaf[None])[0].argmax()
+    leaf = greedy_leaf(ancestors, parent_rows, depths, tokens, vocab_reduce.argmax(logits.index_select(0, rows)))
+    return leaf, vocab_reduce.argmax(logits.index_select(0, leaf[None])[0])
 
 
 # --- lossless sampling -----------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""The chunked argmax and top-k over the vocabulary (issue 22: a CPU's unvectorized argmax/topk were most of
+verification's own work): torch's own results, ties, NaN and -inf included; and every drafter drafting the same
+trees through them as through torch's calls."""
+
+import pytest
+import torch
+
+from headway.inference import Lookahead, PromptLookup, SpeculativeGenerator, vocab_reduce
+
+
+def cases(v: int):
+    g = torch.Generator().manual_seed(0)
+    yield torch.randn(3, v, generator=g)  # distinct values
+    yield torch.randint(0, 3, (4, v), generator=g).float()  # many ties, the maximum in several chunks
+    nan = torch.randn(2, v, generator=g)
+    nan[1, 7], nan[1, v - 3] = float("nan"), float("nan")
+    yield nan  # a NaN is the maximum, the first one's index
+    yield torch.full((2, v), float("-inf"))  # nothing allowed: index 0, as torch
+    yield torch.randn(v, 3, generator=g).t()  # not contiguous
+    yield torch.randn(2, 2, v, generator=g)  # more leading dimensions
+    yield torch.randn(v, generator=g)  # one row
+
+
+@pytest.mark.parametrize("v", [16384, 49152])
+def test_argmax_and_topk_are_torchs(v):
+    for x in cases(v):
+        chunked = x.reshape(-1, v).shape[0] * v >= vocab_reduce.MIN_ELEMENTS
+        assert vocab_reduce._chunked(x, 4) == chunked
+        assert torch.equal(vocab_reduce.argmax(x), x.argmax(-1))
+        for k in (1, 2, 4):
+            values, indices = vocab_reduce.topk(x, k)
+            want = x.topk(k, dim=-1)
+            torch.testing.assert_close(values, want.values, rtol=0, atol=0, equal_nan=True)
+            same = values.isnan() | (x.gather(-1, indices) == values)  # each index holds its value
+            assert same.all()
+            if x.unique().numel() == x.numel():  # distinct values: the same indices too
+                assert torch.equal(indices, want.indices)
+
+
+def test_small_inputs_and_other_vocabularies_take_torchs_call():
+    for x in (torch.randn(16384), torch.randn(4, 50257), torch.randn(300, 64)):
+        assert not vocab_reduce._chunked(x)
+        assert torch.equal(vocab_reduce.argmax(x), x.argmax(-1))
+    x = torch.randn(1, 256 * vocab_reduce.CHUNK)
+    assert vocab_reduce._chunked(x, 256) and not vocab_reduce._chunked(x, 257)  # k above the chunks: torch's
+
+
+DRAFTERS = {"lookup": (None, None), "lookahead": ("lookahead", None), "medusa tree-7": ("medusa", "tree-7"), "eagle-1 chain-3": (1, "chain-3"),
+            "eagle-3 tree-7": (3, "tree-7"), "eagle-3 dynamic": (3, {"depth": 4, "top_k": 3, "total_tokens": 8})}
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_every_drafter_drafts_the_same_through_chunks(family, eagle, name, monkeypatch):
+    """Greedy output equals generate with every argmax and top-k chunked (the tiny vocabularies, 218 and EAGLE-3's
+    150, in chunks of two), and each round accepts exactly what
+    it accepts through torch's calls (the same drafts: verification alone would hide a wrong draft)."""
+    kind, tree = DRAFTERS[name]
+    drafter = {None: PromptLookup, "lookahead": lambda: Lookahead(window=4, ngram=3, guesses=3),
+               "medusa": lambda: family.heads}.get(kind, lambda: eagle[kind])()
+    gen = SpeculativeGenerator(family.target, drafter, tree=tree)
+    rows = list(zip(family.prompts, family.max_new, family.references))[:8]
+    plain = [gen.generate(p, max_new_tokens=m).stats.accepted_per_step for p, m, _ in rows]
+    with monkeypatch.context() as patch:
+        patch.setattr(vocab_reduce, "CHUNK", 2)
+        patch.setattr(vocab_reduce, "MIN_ELEMENTS", 0)
+        for (prompt, max_new, ref), accepted in zip(rows, plain):
+            out = gen.generate(prompt, max_new_tokens=max_new)
+            assert torch.equal(out.sequences, ref)
+            assert out.stats.accepted_per_step == accepted
+    assert sum(map(sum, plain)) > sum(map(len, plain))  # it drafted: more tokens than passes
