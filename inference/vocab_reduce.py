@@ -4,14 +4,14 @@ torch's CPU ``argmax``, ``max(dim)`` and ``topk`` walk a row of logits one eleme
 with torch 2.13, one thread: about 1 us per 1,000 logits, 124 us for 3 rows of SmolLM2's 49,152),
 while ``amax`` is vectorized (about 0.15 us per 1,000). So a row of V = n * CHUNK logits is reduced
 in two steps: each chunk's maximum (``amax`` over [R, n, CHUNK]), then the argmax or top-k among
-the logits of the best chunks only (38 us for the same 3 rows).
+the logits of the best chunks only (32 us for the same 3 rows; ``scripts/vocab_reduce_bench.py``).
 
 The results are torch's own: ``argmax`` gives the first maximal index (the first chunk holding the
 maximum, then its first maximal element; a NaN counts as the maximum in both, as in torch), and
 ``topk`` the same values, each of the k largest lying in one of the k chunks with the largest
 maxima; only the order among exactly tied values may differ, which torch leaves unspecified. Small
-inputs (under ``MIN_ELEMENTS``, where the extra calls cost more than they save), vocabularies that
-are not a multiple of CHUNK, and other devices (one kernel on a GPU) take torch's call directly.
+inputs (under ``MIN_ELEMENTS``, where the extra calls cost more than they save), rows read with a stride,
+vocabularies that are not a multiple of CHUNK, and other devices (one kernel on a GPU) take torch's call.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ MIN_ELEMENTS = 32_768  # below this many logits in all, torch's own call is fast
 
 def _chunked(x: torch.Tensor, k: int = 1) -> bool:
     v = x.shape[-1]
-    return x.device.type == "cpu" and x.numel() >= MIN_ELEMENTS and v % CHUNK == 0 and v // CHUNK >= k
+    # a row read with a stride (a transposed product's: ``cpu_gemm.few_rows_linear``) defeats amax's vectorization:
+    # measured 3x slower chunked than torch's call on it, and a copy to contiguous costs what the chunks save
+    return (x.device.type == "cpu" and x.numel() >= MIN_ELEMENTS and x.stride(-1) == 1 and v % CHUNK == 0
+            and v // CHUNK >= k)
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
