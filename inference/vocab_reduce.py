@@ -8,10 +8,11 @@ the logits of the best chunks only (32 us for the same 3 rows; ``scripts/vocab_r
 
 The results are torch's own: ``argmax`` gives the first maximal index (the first chunk holding the
 maximum, then its first maximal element; a NaN counts as the maximum in both, as in torch), and
-``topk`` the same values, each of the k largest lying in one of the k chunks with the largest
-maxima; only the order among exactly tied values may differ, which torch leaves unspecified. Small
-inputs (under ``MIN_ELEMENTS``, where the extra calls cost more than they save), rows read with a stride,
-vocabularies that are not a multiple of CHUNK, and other devices (one kernel on a GPU) take torch's call.
+``topk`` the same values (the k largest values can all be found in the k chunks with the largest
+maxima); only which of exactly tied values' indices come back, and in which order, may differ,
+which torch leaves unspecified. Small inputs (under ``MIN_ELEMENTS``, where the extra calls cost more
+than they save), rows read with a stride, vocabularies that are not a multiple of CHUNK, a k above the
+number of chunks, and other devices (one kernel on a GPU) take torch's call.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ MIN_ELEMENTS = 32_768  # below this many logits in all, torch's own call is fast
 
 
 def _chunked(x: torch.Tensor, k: int = 1) -> bool:
-    v = x.shape[-1]
+    v = x.shape[-1] if x.dim() else 1
     # a row read with a stride (a transposed product's: ``cpu_gemm.few_rows_linear``) defeats amax's vectorization:
     # measured 3x slower chunked than torch's call on it, and a copy to contiguous costs what the chunks save
-    return (x.device.type == "cpu" and x.numel() >= MIN_ELEMENTS and x.stride(-1) == 1 and v % CHUNK == 0
+    return (x.device.type == "cpu" and x.dim() > 0 and x.numel() >= MIN_ELEMENTS and x.stride(-1) == 1 and v % CHUNK == 0
             and v // CHUNK >= k)
 
 

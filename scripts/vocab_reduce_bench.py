@@ -19,15 +19,17 @@ import torch
 from headway.inference import vocab_reduce
 
 
-def seconds(fn, reps: int) -> float:
-    """Median of 5 blocks of ``reps // 5`` calls, per call."""
+def seconds(fn, reps: int, sync=lambda: None) -> float:
+    """Median of 5 blocks of ``reps // 5`` calls, per call (``sync``: wait for the device before reading the clock)."""
     for _ in range(max(1, reps // 10)):
         fn()
     blocks = []
     for _ in range(5):
+        sync()
         t0 = time.perf_counter()
         for _ in range(max(1, reps // 5)):
             fn()
+        sync()
         blocks.append((time.perf_counter() - t0) / max(1, reps // 5))
     return sorted(blocks)[2]
 
@@ -43,6 +45,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     rows_out = []
     print(f"{'vocab':>7} {'rows':>4} {'argmax torch us':>15} {'chunked us':>10} {'topk torch us':>13} {'chunked us':>10}")
     for v in (int(x) for x in args.vocabs.split(",") if x):
@@ -52,14 +55,14 @@ def main(argv=None) -> dict:
                     not torch.equal(vocab_reduce.topk(x, args.k).values, x.topk(args.k, dim=-1).values):
                 raise SystemExit(f"vocab {v}, rows {r}: the chunked reduction differs from torch's")
             row = dict(vocab=v, rows=r, chunked=vocab_reduce._chunked(x, args.k),
-                       argmax_torch_us=1e6 * seconds(lambda: x.argmax(-1), args.reps),
-                       argmax_chunked_us=1e6 * seconds(lambda: vocab_reduce.argmax(x), args.reps),
-                       topk_torch_us=1e6 * seconds(lambda: x.topk(args.k, dim=-1), args.reps),
-                       topk_chunked_us=1e6 * seconds(lambda: vocab_reduce.topk(x, args.k), args.reps))
+                       argmax_torch_us=1e6 * seconds(lambda: x.argmax(-1), args.reps, sync),
+                       argmax_chunked_us=1e6 * seconds(lambda: vocab_reduce.argmax(x), args.reps, sync),
+                       topk_torch_us=1e6 * seconds(lambda: x.topk(args.k, dim=-1), args.reps, sync),
+                       topk_chunked_us=1e6 * seconds(lambda: vocab_reduce.topk(x, args.k), args.reps, sync))
             rows_out.append(row)
             print(f"{v:>7} {r:>4} {row['argmax_torch_us']:>15.1f} {row['argmax_chunked_us']:>10.1f} "
                   f"{row['topk_torch_us']:>13.1f} {row['topk_chunked_us']:>10.1f}"
-                  + ("" if row["chunked"] else "   (torch's own call: below MIN_ELEMENTS)"))
+                  + ("" if row["chunked"] else "   (both torch's own call)"))
     out = dict(device=args.device, k=args.k, threads=args.threads, rows=rows_out)
     print(json.dumps(out))
     return out

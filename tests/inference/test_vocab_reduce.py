@@ -12,6 +12,9 @@ def cases(v: int):
     g = torch.Generator().manual_seed(0)
     yield torch.randn(3, v, generator=g)  # distinct values
     yield torch.randint(0, 3, (4, v), generator=g).float()  # many ties, the maximum in several chunks
+    late = torch.zeros(2, v)
+    late[:, [2 * 128 + 5, 4 * 128, 7 * 128 + 1]] = 1.0  # tied maxima in later chunks: the first one's, 261
+    yield late
     nan = torch.randn(2, v, generator=g)
     nan[1, 7], nan[1, v - 3] = float("nan"), float("nan")
     yield nan  # a NaN is the maximum, the first one's index
@@ -22,9 +25,11 @@ def cases(v: int):
     yield torch.randn(v, generator=g)  # one row
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("v", [16384, 49152])
-def test_argmax_and_topk_are_torchs(v):
+def test_argmax_and_topk_are_torchs(v, dtype):
     for x in cases(v):
+        x = x.to(dtype)
         chunked = x.reshape(-1, v).shape[0] * v >= vocab_reduce.MIN_ELEMENTS and x.stride(-1) == 1
         assert vocab_reduce._chunked(x, 4) == chunked
         assert torch.equal(vocab_reduce.argmax(x), x.argmax(-1))
@@ -32,14 +37,23 @@ def test_argmax_and_topk_are_torchs(v):
             values, indices = vocab_reduce.topk(x, k)
             want = x.topk(k, dim=-1)
             torch.testing.assert_close(values, want.values, rtol=0, atol=0, equal_nan=True)
-            same = values.isnan() | (x.gather(-1, indices) == values)  # each index holds its value
-            assert same.all()
+            found = x.gather(-1, indices)  # each index holds its value, a NaN's a NaN
+            assert ((found == values) | (found.isnan() & values.isnan())).all()
             if x.unique().numel() == x.numel():  # distinct values: the same indices too
                 assert torch.equal(indices, want.indices)
 
 
+def test_the_first_chunk_holding_the_maximum_wins():
+    """Tied maxima in chunks 2, 4 and 7 of 8: index 261, the first (torch's topk(1) over the chunks' maxima gives
+    chunk 4 here, so picking the chunk by anything but argmax fails)."""
+    x = torch.zeros(32, 8 * vocab_reduce.CHUNK)
+    x[:, [2 * 128 + 5, 4 * 128, 7 * 128 + 1]] = 1.0
+    assert vocab_reduce._chunked(x)
+    assert vocab_reduce.argmax(x).tolist() == [261] * 32 == x.argmax(-1).tolist()
+
+
 def test_small_inputs_and_other_vocabularies_take_torchs_call():
-    for x in (torch.randn(16384), torch.randn(4, 50257), torch.randn(300, 64)):
+    for x in (torch.randn(16384), torch.randn(4, 50257), torch.randn(300, 64), torch.tensor(3.0)):
         assert not vocab_reduce._chunked(x)
         assert torch.equal(vocab_reduce.argmax(x), x.argmax(-1))
     x = torch.randn(1, 256 * vocab_reduce.CHUNK)
@@ -52,8 +66,9 @@ DRAFTERS = {"lookup": (None, None), "lookahead": ("lookahead", None), "medusa tr
 
 @pytest.mark.parametrize("name", list(DRAFTERS))
 def test_every_drafter_drafts_the_same_through_chunks(family, eagle, name, monkeypatch):
-    """Greedy output equals generate with every argmax and top-k chunked (the tiny vocabularies, 218 and EAGLE-3's
-    150, in chunks of two), and each round accepts exactly what
+    """Greedy output equals generate with the argmax and top-k calls chunked (the tiny vocabularies, 218 and EAGLE-3's
+    150, in chunks of two: verification, lookahead's outputs, Medusa's heads, greedy candidates where their rows are
+    contiguous, EAGLE-2 dynamic levels), and each round accepts exactly what
     it accepts through torch's calls (the same drafts: verification alone would hide a wrong draft)."""
     kind, tree = DRAFTERS[name]
     drafter = {None: PromptLookup, "lookahead": lambda: Lookahead(window=4, ngram=3, guesses=3),
