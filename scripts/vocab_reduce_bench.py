@@ -47,7 +47,8 @@ def main(argv=None) -> dict:
     g = torch.Generator().manual_seed(0)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     rows_out = []
-    print(f"{'vocab':>7} {'rows':>4} {'argmax torch us':>15} {'chunked us':>10} {'topk torch us':>13} {'chunked us':>10}")
+    print(f"{'vocab':>7} {'rows':>4} {'argmax torch us':>15} {'chunked us':>10} "
+          f"{'topk torch us':>13} {'chunked us':>10}")
     for v in (int(x) for x in args.vocabs.split(",") if x):
         for r in (int(x) for x in args.rows.split(",") if x):
             x = torch.randn(r, v, generator=g).to(args.device)

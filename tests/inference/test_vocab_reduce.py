@@ -60,8 +60,9 @@ def test_small_inputs_and_other_vocabularies_take_torchs_call():
     assert vocab_reduce._chunked(x, 256) and not vocab_reduce._chunked(x, 257)  # k above the chunks: torch's
 
 
-DRAFTERS = {"lookup": (None, None), "lookahead": ("lookahead", None), "medusa tree-7": ("medusa", "tree-7"), "eagle-1 chain-3": (1, "chain-3"),
-            "eagle-3 tree-7": (3, "tree-7"), "eagle-3 dynamic": (3, {"depth": 4, "top_k": 3, "total_tokens": 8})}
+DRAFTERS = {"lookup": (None, None), "lookahead": ("lookahead", None), "medusa tree-7": ("medusa", "tree-7"),
+            "eagle-1 chain-3": (1, "chain-3"), "eagle-3 tree-7": (3, "tree-7"),
+            "eagle-3 dynamic": (3, {"depth": 4, "top_k": 3, "total_tokens": 8})}
 
 
 @pytest.mark.parametrize("name", list(DRAFTERS))

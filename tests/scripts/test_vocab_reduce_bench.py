@@ -16,4 +16,5 @@ def test_vocab_reduce_bench_runs_as_typed_and_reports_each_shape():
     report = json.loads(res.stdout.splitlines()[-1])
     assert [(r["vocab"], r["rows"], r["chunked"]) for r in report["rows"]] == [
         (16384, 1, False), (16384, 2, True), (49152, 1, True), (49152, 2, True)]
-    assert all(r[f"{op}_{way}_us"] > 0 for r in report["rows"] for op in ("argmax", "topk") for way in ("torch", "chunked"))
+    assert all(r[f"{op}_{way}_us"] > 0 for r in report["rows"]
+               for op in ("argmax", "topk") for way in ("torch", "chunked"))
