@@ -1,11 +1,11 @@
 """P-EAGLE's runtime (arXiv:2602.01469; ``headway.heads.peagle``): K draft tokens from one drafter pass.
 
-A round catches the drafter's cache up on the newly accepted positions (as EAGLE does: the root's entry
-pairs the root token with the target's last feature, and its output scores depth 1), then runs the
-K - 1 mask slots at the following positions in one causal forward (slot j scores depth j + 1), and crops
-the slots off the cache. The draft is a chain: greedy takes each row's argmax, sampling draws each token
-from its own row's distribution q (the row does not depend on the tokens drawn before it, which the
-verifier needs no more than q itself: the chain stays exact). ``tree="auto"`` may cut the chain, its
+A round is one drafter pass: it catches the drafter's cache up on the newly accepted positions (as EAGLE
+does: the root's entry pairs the root token with the target's last feature, and its output scores depth 1)
+with the K - 1 mask slots at the following positions in the same causal forward (slot j scores depth
+j + 1), and crops the slots off the cache. The draft is a chain: greedy takes each row's argmax, sampling
+draws each token from its own row's distribution q (the row does not depend on the tokens drawn before it,
+which the verifier needs no more than q itself: the chain stays exact). ``tree="auto"`` may cut the chain, its
 scores the running product of each depth's chosen probability.
 """
 
@@ -50,15 +50,11 @@ class PEagleProposer(EagleProposer):
     def propose(self, ctx: DraftContext) -> Draft:
         tree = ctx.tree if isinstance(ctx.tree, Tree) else self.default_tree()
         depth = min(tree.depth, ctx.max_depth)
-        root_h = self._catch_up(ctx)
-        if root_h is None or depth < 1:
+        if not self._new_positions(ctx) or depth < 1:
+            self._catch_up(ctx)  # nothing to draft from (a one-token prompt) or nothing asked: the context only
             return root_only(ctx)
-        head, length = self.head, ctx.tokens.shape[0]
-        rows = root_h[None]  # [1, H]: depth 1
-        if depth > 1:  # slot j at position L-2+j, j = 1 .. depth-1
-            positions = torch.arange(length - 1, length - 2 + depth, device=self._device)[None]
-            rows = torch.cat([rows, head.slots(positions, cache=self._cache)[0]])  # [depth, H]
-            self._cache.crop(self._seen)
+        head = self.head
+        rows = self._take_in_with_slots(ctx.tokens, ctx.features, depth - 1)  # [depth, H]
         logits = few_rows_linear(*head.projection(rows)).float()  # [depth, V']
         if ctx.sampling is None:
             picked = vocab_reduce.argmax(logits)  # [depth]
@@ -72,6 +68,24 @@ class PEagleProposer(EagleProposer):
         tokens = torch.cat([ctx.tokens[-1:], head.to_target_ids(picked)])  # [depth + 1]
         scores = torch.cat([chosen.new_ones(1), chosen.cumprod(0)])
         return Draft(chain(depth), tokens, q=q, scores=scores)
+
+    def _take_in_with_slots(self, tokens: torch.Tensor, features: torch.Tensor, slots: int) -> torch.Tensor:
+        """The catch-up (``EagleProposer._take_in``) and ``slots`` mask slots after the root in one drafter pass:
+        the new context positions write their keys/values, the root and the slots (positions L-2 .. L-2+slots,
+        causal: slot j sees the context and the slots before it) run the whole layer; the slots' entries are
+        then cropped off. Returns h' [1 + slots, H]: the root's (depth 1), then slot j's (depth j + 1)."""
+        head, n = self.head, features.shape[0]
+        self._cache.crop(self._seen)
+        ids = tokens[self._seen + 1:self._seen + 1 + n]  # [n]: x[j+1] paired with f[j]
+        ids = torch.cat([ids, ids.new_full((slots,), head.config.mask_token_id)])  # [n + slots]
+        hidden = head.input_hidden(features)  # [n, H]
+        hidden = torch.cat([hidden, head.slot_hidden().expand(slots, -1)])  # [n + slots, H]
+        positions = torch.arange(self._seen, self._seen + n + slots, device=self._device)
+        h = head.extend(ids[None], hidden[None], positions[None], self._cache, outputs=1 + slots)  # [1, 1 + slots, H]
+        self._seen += n
+        if slots:
+            self._cache.crop(self._seen)
+        return h[0]
 
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
         """A batch's row drafts alone (its one pass needs no level-by-level batching)."""
