@@ -342,18 +342,19 @@ def accept_rows(gen, live: list[Row], drafts: list[Draft], logits: torch.Tensor,
         if row.setup.processors:
             row_logits = apply_processors(row.setup.processors, row.seq[:row.length], draft.tree, draft.tokens,
                                           row_logits)
-        if row.proposer.reads_outputs:  # lookahead decoding: the target's own next tokens at the row's nodes
-            row.proposer.observe_outputs(draft, vocab_reduce.argmax(row_logits).tolist())
+        observer = row.proposer if row.proposer.reads_outputs else None  # lookahead: the target's next tokens
         if sampling is None:
             leaf, bonus = verify_greedy_logits(draft.tree, draft.tokens, row_logits)
-            on_device.append((i, torch.cat([torch.stack([leaf, bonus]), draft.tokens])))
+            tail = [] if observer is None else [vocab_reduce.argmax(row_logits)]  # [N]
+            on_device.append((i, torch.cat([torch.stack([leaf, bonus]), draft.tokens, *tail])))
         else:
-            paths[i], news[i] = gen._accept(draft, row_logits, sampling, generator)
+            paths[i], news[i] = gen._accept(draft, row_logits, sampling, generator, observer)
     if on_device:  # the round's one read for every greedy row
         flat = torch.cat([x for _, x in on_device]).tolist()
         at = 0
         for i, x in on_device:
-            paths[i], news[i] = gen.greedy_result(drafts[i].tree, flat[at:at + x.shape[0]])
+            observer = live[i].proposer if live[i].proposer.reads_outputs else None
+            paths[i], news[i] = gen.greedy_result(drafts[i].tree, flat[at:at + x.shape[0]], observer, drafts[i])
             at += x.shape[0]
     return paths, news
 

@@ -156,8 +156,8 @@ class DraftModelProposer(Proposer):
                 q[d] = dist[0]
             if d + 1 < tree.depth:
                 logits = self.fit_vocab(chain_forward(self.model, self._cache, tok[0], length + d))
-        # the chain's draft probability so far at each node (tree="auto"); one device-to-host copy
-        scores = [1.0] + torch.cat(drawn).cumprod(0).tolist() if drawn else [1.0]
+        # the chain's draft probability so far at each node, left on the device until tree="auto" reads it
+        scores = torch.cat([drawn[0].new_ones(1).float(), torch.cat(drawn).float().cumprod(0)]) if drawn else [1.0]
         return Draft(tree, torch.cat(tokens), q if ctx.sampling is not None else None, scores=scores)
 
     def _feed(self, length: int, device: torch.device):

@@ -26,7 +26,7 @@ import torch
 
 from headway.heads.target.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
-from headway.inference.proposer import Draft, DraftContext, as_proposer, check_draft, root_draft
+from headway.inference.proposer import Draft, DraftContext, Proposer, as_proposer, check_draft, root_draft
 from headway.inference import target_graphs, vocab_reduce
 from headway.inference.graphs import CaptureError, resolve_backend
 from headway.inference.kv_cache import CACHE_SLACK, compact_cache, new_cache
@@ -302,9 +302,8 @@ class SpeculativeGenerator:
                 t2 = time.perf_counter()
                 if processors:  # each node scored as generate would score it after its own context
                     logits = apply_processors(processors, seq[:length], draft.tree, draft.tokens, logits)
-                path, new = self._accept(draft, logits, sampling, generator)
-                if drafter.reads_outputs:  # lookahead decoding: the target's own next tokens at the draft's nodes
-                    drafter.observe_outputs(draft, vocab_reduce.argmax(logits).tolist())
+                # lookahead decoding reads the target's own next tokens at the draft's nodes with the accepted path
+                path, new = self._accept(draft, logits, sampling, generator, drafter if drafter.reads_outputs else None)
                 compact_cache(cache, length - 1, path, width)
                 if capture:  # the prompt's features, then the accepted path's: positions length-1 .. length-1+accepted
                     rows = graph_rows if graphed is not None else capture.pop()[0]  # [M + W, F]
@@ -409,19 +408,25 @@ class SpeculativeGenerator:
         self._controller.reset()
         return self._controller
 
-    def _accept(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams | None,
-                generator) -> tuple[list[int], list[int]]:
-        """(accepted node indices from the root, new tokens = accepted draft tokens + one from the target)."""
+    def _accept(self, draft: Draft, logits: torch.Tensor, sampling: SamplingParams | None, generator,
+                observer: Proposer | None = None) -> tuple[list[int], list[int]]:
+        """(accepted node indices from the root, new tokens = accepted draft tokens + one from the target).
+        ``observer``: a ``reads_outputs`` drafter, handed the target's greedy choice after every node (and the draft's
+        tokens) from the round's one read where the verification reads once."""
         tree = draft.tree
+        tail = [] if observer is None else [vocab_reduce.argmax(logits)]  # [N]: the target's choice after each node
         if sampling is None:  # on the device; the round's one read: the leaf, the bonus token and the draft's tokens
             leaf, bonus = verify_greedy_logits(tree, draft.tokens, logits)
-            return self.greedy_result(tree, torch.cat([torch.stack([leaf, bonus]), draft.tokens]).tolist())
+            return self.greedy_result(tree, torch.cat([torch.stack([leaf, bonus]), draft.tokens, *tail]).tolist(),
+                                      observer, draft)
         on_device = self.device_sampling if self.device_sampling is not None else logits.device.type == "cuda"
         if on_device and self.acceptance == "exact":  # the round's one read: the leaf, the next token, the tokens
             out = verify_sampling_tensors(*tree.sampling_tensors(logits.device), draft.tokens, probs(logits, sampling),
                                           q_rows(draft.q, tree.size, logits), generator)
-            return self.greedy_result(tree, torch.cat([out, draft.tokens]).tolist())
+            return self.greedy_result(tree, torch.cat([out, draft.tokens, *tail]).tolist(), observer, draft)
         tokens = draft.tokens.tolist()
+        if observer is not None:
+            observer.observe_outputs(draft, tail[0].tolist(), tokens)
         if self.acceptance == "typical":
             thr, alpha = self.typical
             path, nxt = verify_typical(tree.parents, tree.retrieve, draft.tokens, probs(logits, sampling),
@@ -431,10 +436,15 @@ class SpeculativeGenerator:
         return path, [tokens[i] for i in path[1:]] + [nxt]
 
     @staticmethod
-    def greedy_result(tree: Tree, read: list[int]) -> tuple[list[int], list[int]]:
-        """read: [accepted leaf, the target's next token, *the draft's N tokens] -> (the path to the leaf, the new
-        tokens: the path's draft tokens and the next one)."""
-        leaf, nxt, tokens = read[0], read[1], read[2:]
+    def greedy_result(tree: Tree, read: list[int], observer: Proposer | None = None,
+                      draft: Draft | None = None) -> tuple[list[int], list[int]]:
+        """read: [accepted leaf, the target's next token, *the draft's N tokens, *the target's choice after each node
+        when ``observer`` reads them] -> (the path to the leaf, the new tokens: the path's draft tokens and the next
+        one); ``observer.observe_outputs`` gets its part of the read first."""
+        n = tree.size
+        leaf, nxt, tokens = read[0], read[1], read[2:2 + n]
+        if observer is not None:
+            observer.observe_outputs(draft, read[2 + n:], tokens)
         path = node_path(tree.parents, leaf)
         return path, [tokens[i] for i in path[1:]] + [nxt]
 

@@ -153,14 +153,15 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | Non
     first = drafts[0]
     if all(d.tree.size == 1 for d in drafts[1:]):
         return dataclasses.replace(first, sources=own_sources(first, ids[0]))
-    parents, tokens = list(first.tree.parents), first.tokens.tolist()
     scored = all(d.scores is not None for d in drafts)  # each node's best estimate when every drafter gives one
-    scores = first.score_list() if scored else None
+    host_tokens, host_scores = read_drafts(drafts, scored)
+    parents, tokens = list(first.tree.parents), host_tokens[0]
+    scores = host_scores[0] if scored else None
     sources = own_sources(first, ids[0])
     child = {(parents[i], tokens[i]): i for i in range(1, len(parents))}
-    for d, source in zip(drafts[1:], ids[1:]):
-        own, toks, added, named = d.tree.parents, d.tokens.tolist(), 0, own_sources(d, source)
-        theirs = d.score_list() if scored else None
+    for k, (d, source) in enumerate(zip(drafts[1:], ids[1:]), start=1):
+        own, toks, added, named = d.tree.parents, host_tokens[k], 0, own_sources(d, source)
+        theirs = host_scores[k] if scored else None
         where = [0] * len(own)  # node of d -> merged node (parents come before children); -1: left out
         for i in range(1, len(own)):
             key = (where[own[i]], toks[i])
@@ -179,6 +180,29 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | Non
             if scored and theirs[i] > scores[where[i]]:
                 scores[where[i]], sources[where[i]] = theirs[i], named[i]
     return Draft(Tree(parents, name="hybrid"), first.tokens.new_tensor(tokens), scores=scores, sources=sources)
+
+
+def read_drafts(drafts: list[Draft], scored: bool) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Every draft's tokens, and its scores when ``scored``, on the host in one read (scores already on the host
+    are taken as they are)."""
+    on_device = [d.tokens for d in drafts] + [d.scores for d in drafts if scored and isinstance(d.scores, torch.Tensor)]
+    flat = torch.cat([t.reshape(-1).double() for t in on_device]).tolist()  # token ids are exact in float64
+    at, tokens = 0, []
+    for d in drafts:
+        n = d.tokens.numel()
+        tokens.append([int(t) for t in flat[at:at + n]])
+        at += n
+    if not scored:
+        return tokens, None
+    scores = []
+    for d in drafts:
+        if isinstance(d.scores, torch.Tensor):
+            n = d.scores.numel()
+            scores.append(flat[at:at + n])
+            at += n
+        else:
+            scores.append(list(d.scores))
+    return tokens, scores
 
 
 def own_sources(draft: Draft, source: int) -> list:

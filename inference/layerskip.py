@@ -42,7 +42,11 @@ class LayerSkipProposer(Proposer):
     ``exit_layer`` layers and the exit head; see the module docstring. Drafting stops after a token whose
     probability under the exit head is below ``min_prob`` (each early step costs E/L of a target step:
     an unlikely token's successors are not worth drafting). The stop follows the drawn token, so it never
-    changes what was proposed at a position, only whether the next one is: sampling stays exact."""
+    changes what was proposed at a position, only whether the next one is: sampling stays exact.
+
+    The stop reads the probability on the host each step: free on a CPU, a device sync on a GPU, so
+    ``early_stop`` (None) stops early on a CPU only; on a GPU the chain runs its whole depth without a
+    read (``tree="auto"`` still cuts it by the same scores before verification). True / False force it."""
 
     shares_target_cache = True  # it writes the target's early layers: the generator resumes verification
 
@@ -55,6 +59,8 @@ class LayerSkipProposer(Proposer):
         if not 0.0 <= min_prob < 1.0:
             raise ValueError(f"min_prob must be in [0, 1), got {min_prob}")
         self.min_prob = min_prob
+        self.early_stop: bool | None = None  # None: on a CPU only (a read per drafted token)
+        self._on_cpu = True
         self._target = None
         self._cache = None
 
@@ -63,8 +69,10 @@ class LayerSkipProposer(Proposer):
 
     def bind(self, target_model) -> None:
         self.head.check_target(target_model)
-        self.head.to(device=next(target_model.parameters()).device, dtype=target_model.dtype)
+        device = next(target_model.parameters()).device
+        self.head.to(device=device, dtype=target_model.dtype)
         self._target = target_model
+        self._on_cpu = device.type == "cpu"
 
     def use_cache(self, cache) -> None:
         """The target's cache of this generate call (the generator hands it over before the first round)."""
@@ -91,7 +99,7 @@ class LayerSkipProposer(Proposer):
         start = ctx.tokens.shape[0] - 1  # the root's position; the cache holds everything before it
         token = ctx.tokens[-1:]
         states, tokens, qs, scores = [], [token], [], []
-        stop = False
+        stop, stops = False, self.min_prob > 0 and (self._on_cpu if self.early_stop is None else self.early_stop)
         for i in range(depth + 1):
             state = early_forward(model, cache, token, start + i, e)  # [1, H]
             states.append(state)
@@ -107,7 +115,7 @@ class LayerSkipProposer(Proposer):
                 chosen = q[choice]
                 qs.append(head.widen(q))
             scores.append(chosen)
-            stop = self.min_prob > 0 and float(chosen) < self.min_prob  # one read a step (a CPU's is free)
+            stop = stops and float(chosen) < self.min_prob  # one read a step (a CPU's is free)
             token = head.to_target_ids(choice)  # [1]
             tokens.append(token)
         draft_tokens = torch.cat(tokens)  # [depth + 1]

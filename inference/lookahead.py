@@ -20,7 +20,7 @@ headway's window is one chain, each guess reading the current level's guesses be
 Jacobi), so the pass is an ordinary tree pass; the paper lays ``ngram - 1`` levels side by side
 under a staircase mask instead, which draws each new guess from several levels at once.
 The generator hands the target's greedy choices at the verified nodes back through
-``observe_outputs`` (one host read of the draft's width per round).
+``observe_outputs`` (read with the round's accepted path: one host read a round, greedy).
 """
 
 from __future__ import annotations
@@ -137,14 +137,15 @@ class Lookahead(Proposer):
             out.append(tok if tok is not None else host[(p * 7919) % length])  # a fixed spread over the context
         return out
 
-    def observe_outputs(self, draft: Draft, outputs: list[int]) -> None:
+    def observe_outputs(self, draft: Draft, outputs: list[int], tokens: list[int] | None = None) -> None:
         """The target's greedy choice after each node of the verified ``draft`` (outputs [N]): the Jacobi
         step over the window's nodes (as far as the verified tree kept them), and the pool's new n-grams."""
         if self._window is None:
             return
         start, guesses = self._window
         self._window = None
-        child = {(p, int(t)): i for i, (p, t) in enumerate(zip(draft.tree.parents, draft.tokens.tolist())) if p >= 0}
+        tokens = draft.tokens.tolist() if tokens is None else tokens
+        child = {(p, t): i for i, (p, t) in enumerate(zip(draft.tree.parents, tokens)) if p >= 0}
         node, level = 0, {start: outputs[0]}  # o_0: the token after the root, at the first guess's position
         for j, tok in enumerate(guesses, start=1):
             node = child.get((node, tok))

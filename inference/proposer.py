@@ -83,7 +83,7 @@ class Proposer:
     # model drafter), so tree="auto" never skips the drafter as a whole (its cheap part drafts every round)
     gated: bool = False
     # True: after each verification the generator calls ``observe_outputs`` with the target's greedy choice
-    # after every node of the verified draft (one more host read a round; lookahead decoding's Jacobi step)
+    # after every node of the verified draft (read with the accepted path; lookahead decoding's Jacobi step)
     reads_outputs: bool = False
     # True: ``propose`` runs the target's first layers over the draft, writing the target's own cache (handed over by
     # ``use_cache`` before the first round), and the Draft carries their states (LayerSkip); one sequence alone
@@ -136,9 +136,10 @@ class Proposer:
         controller tries a round instead."""
         return None
 
-    def observe_outputs(self, draft: Draft, outputs: list[int]) -> None:
+    def observe_outputs(self, draft: Draft, outputs: list[int], tokens: list[int] | None = None) -> None:
         """(``reads_outputs`` drafters) the verified ``draft`` and the target's greedy token after each of
-        its nodes (outputs [N], the logits processors applied), whatever the round accepted."""
+        its nodes (outputs [N], the logits processors applied), whatever the round accepted; ``tokens``: the
+        draft's tokens on the host (read with them; None: read them from ``draft.tokens``)."""
 
     def propose_steps(self, ctx: DraftContext) -> Generator["DraftRequest", object, Draft]:
         """``propose`` for a row of a batch, as a generator: it yields the model steps it needs run

@@ -33,9 +33,9 @@ def recorded(gen):
         rounds.append((draft.tokens.tolist(), list(draft.tree.parents), draft.score_list()))
         return draft
 
-    def verified(draft, round_logits, sampling, generator):
+    def verified(draft, round_logits, *rest):
         logits.append(round_logits.clone())
-        return accept(draft, round_logits, sampling, generator)
+        return accept(draft, round_logits, *rest)
 
     gen.drafter.propose, gen._accept = record, verified
     if gen._verify_graphs is not None:

@@ -135,16 +135,21 @@ def test_a_gpt2_target_is_refused_in_one_line():
 
 
 def test_drafting_stops_after_an_unlikely_token(family):
-    """min_prob: no token after one the exit head gave less than it; 0 drafts the whole chain. Output unchanged."""
+    """min_prob: no token after one the exit head gave less than it; 0 drafts the whole chain, and so does
+    ``early_stop=False`` (a GPU's default: no read per drafted token). Output unchanged."""
     target = family.target
     head = LayerSkipHead.from_target(target, exit_layer=1, num_draft=4)
     depths = {}
-    for min_prob in (0.0, 0.999):
-        gen = SpeculativeGenerator(target, LayerSkipProposer(head, min_prob=min_prob), tree=None)
+    for min_prob, early_stop in ((0.0, None), (0.999, None), (0.999, False)):
+        proposer = LayerSkipProposer(head, min_prob=min_prob)
+        proposer.early_stop = early_stop
+        gen = SpeculativeGenerator(target, proposer, tree=None)
         out = gen.generate(family.prompts[4], max_new_tokens=40)
         assert torch.equal(out.sequences, reference_generate(target, family.prompts[4], 40))
-        depths[min_prob] = out.stats.draft_depth_per_step[1:]  # the prompt's pass aside
-    # min_prob 0: the whole chain (but where the budget cuts it); nearly 1: one token a round
-    assert depths[0.0].count(4) >= len(depths[0.0]) - 2 and 1 in depths[0.999] and set(depths[0.999]) <= {0, 1}
+        depths[min_prob, early_stop] = out.stats.draft_depth_per_step[1:]  # the prompt's pass aside
+    # min_prob 0 or no early stop: the whole chain (but where the budget cuts it); nearly 1: one token a round
+    for whole in (depths[0.0, None], depths[0.999, False]):
+        assert whole.count(4) >= len(whole) - 2, whole
+    assert 1 in depths[0.999, None] and set(depths[0.999, None]) <= {0, 1}
     with pytest.raises(ValueError, match=r"min_prob must be in \[0, 1\)"):
         LayerSkipProposer(head, min_prob=1.0)
