@@ -46,6 +46,15 @@ METHODS = {  # name -> (drafter kind, tree)
     "eagle3-dynamic-tensor": ("eagle3", DYNAMIC),  # tensor ops forced (EagleProposer.tensor_rounds)
     "medusa": ("medusa", "tree-15"),
     "lookup": ("lookup", None),
+    # the other drafter kinds, each under its default tree
+    "peagle": ("peagle", None),  # K = 4 from one drafter pass
+    "dflash": ("dflash", None),  # a block of 8: a chain of 7
+    "layerskip": ("layerskip", None),  # the target's first layers (drafting counts as the target's time) + the exit head
+    "layerskip-nostop": ("layerskip", None),  # without the CPU's early stop (a read per token): the CUDA default
+    "draft-model": ("draft-model", "chain-3"),  # a random 2-layer Llama
+    "lookahead": ("lookahead", None),
+    "suffix": ("suffix", None),
+    "hybrid": ("eagle3+lookup", "tree-7"),  # EAGLE-3's tree with prompt lookup's chain merged, one pass
 }
 READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "nonzero", "cpu", "numpy")
 HOST_WORK = (("headway.inference.prompt_lookup", "find_matches"),)  # searches a host tensor: no device involved
@@ -62,12 +71,37 @@ def build_target(layers: int, hidden: int, vocab: int, seed: int):
 
 
 def build_drafter(kind: str, target, seed: int):
+    """A random drafter of ``kind`` sized from ``target`` (a list for a hybrid)."""
+    from headway.heads.dflash import DFlashHead
+    from headway.heads.layerskip import LayerSkipHead
+    from headway.heads.peagle import PEagleHead
+    from headway.inference import Lookahead, SuffixDecoding
+
     torch.manual_seed(seed)
-    if kind == "eagle3":
-        return EagleHead.from_target(target, version=3).eval()
-    if kind == "medusa":
-        return MedusaHeads.from_target(target).eval()
-    return PromptLookup()
+    if "+" in kind:
+        return [build_drafter(part, target, seed) for part in kind.split("+")]
+    if kind == "draft-model":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = target.config
+        small = LlamaConfig(hidden_size=cfg.hidden_size // 2, intermediate_size=cfg.hidden_size * 3 // 2,
+                            num_hidden_layers=2, num_attention_heads=max(1, cfg.hidden_size // 128),
+                            num_key_value_heads=max(1, cfg.hidden_size // 256), vocab_size=cfg.vocab_size,
+                            max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False,
+                            attn_implementation="sdpa")
+        return LlamaForCausalLM(small).eval()
+    heads = {"eagle3": lambda: EagleHead.from_target(target, version=3), "medusa": lambda: MedusaHeads.from_target(target),
+             "peagle": lambda: PEagleHead.from_target(target), "dflash": lambda: DFlashHead.from_target(target),
+             "layerskip": lambda: LayerSkipHead.from_target(target)}
+    if kind in heads:
+        return heads[kind]().eval()
+    return {"lookup": PromptLookup, "lookahead": Lookahead, "suffix": SuffixDecoding}[kind]()
+
+
+def drafter_modules(drafter) -> list:
+    """The drafter's modules (each part's, for a hybrid)."""
+    parts = drafter if isinstance(drafter, list) else [drafter]
+    return [d for d in parts if isinstance(d, torch.nn.Module)]
 
 
 class Meter:
@@ -187,29 +221,52 @@ def counted_calls(meter: Meter):
 
 
 def drafter_functions(drafter) -> list:
-    """The drafter's compute that is not a module forward: its vocabulary projections."""
+    """The drafter's compute that is not a module forward: its vocabulary projections (each module that calls
+    ``few_rows_linear`` binds its own name)."""
+    import headway.inference.dflash as dflash_runtime
     import headway.inference.eagle as eagle_runtime
+    import headway.inference.peagle as peagle_runtime
 
-    out = [(eagle_runtime, "few_rows_linear")]
-    if isinstance(drafter, MedusaHeads):
-        out.append((drafter, "head_logits"))
+    out = [(m, "few_rows_linear") for m in (eagle_runtime, peagle_runtime, dflash_runtime)]
+    out += [(d, "head_logits") for d in drafter_modules(drafter) if isinstance(d, MedusaHeads)]
     return out
+
+
+@contextlib.contextmanager
+def drafter_passes(meter: Meter, drafter):
+    """Count into ``meter.passes`` the drafter's top-level module forwards (its layers run inside them)."""
+    meter.passes = 0
+
+    def count(*_):
+        meter.passes += 1
+
+    handles = [m.register_forward_pre_hook(count) for m in drafter_modules(drafter)]
+    try:
+        yield meter
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def probe(target, name: str, drafter, tree, prompts, max_new_tokens: int) -> dict:
     gen = SpeculativeGenerator(target, drafter, tree=tree)
     if name.endswith("-tensor"):
         gen.drafter.tensor_rounds = True
-    modules = [target] + ([drafter] if isinstance(drafter, torch.nn.Module) else [])
+    if name.endswith("-nostop"):
+        gen.drafter.early_stop = False
+    modules = [target] + drafter_modules(drafter)
     gen.generate(prompts[0], max_new_tokens=8)  # warm-up
-    wall, inside, passes, tokens, outputs = 0.0, 0.0, 0, 0, []
+    wall, inside, drafting, draft_passes, passes, tokens, outputs = 0.0, 0.0, 0.0, 0, 0, 0, []
     for p in prompts:
-        meter = Meter()
-        with metered(meter, modules, drafter_functions(drafter)):
+        meter, draft = Meter(), Meter()  # draft: the drafter's modules and projections alone
+        with metered(meter, modules, drafter_functions(drafter)), \
+                metered(draft, drafter_modules(drafter), drafter_functions(drafter)), drafter_passes(draft, drafter):
             t0 = time.perf_counter()
             out = gen.generate(p, max_new_tokens=max_new_tokens)
             wall += time.perf_counter() - t0
         inside += meter.seconds
+        drafting += draft.seconds
+        draft_passes += draft.passes
         passes += out.stats.target_forward_passes
         tokens += out.stats.new_tokens
         outputs.append(out.sequences[0].tolist())
@@ -227,6 +284,7 @@ def probe(target, name: str, drafter, tree, prompts, max_new_tokens: int) -> dic
             read_passes += sign * out.stats.target_forward_passes
     return dict(method=name, rounds=passes, new_tokens=tokens, tau=tokens / passes,
                 own_ms_per_round=1e3 * (wall - inside) / passes, own_share=(wall - inside) / wall,
+                draft_ms_per_round=1e3 * drafting / passes, draft_passes_per_round=draft_passes / passes,
                 reads_per_round=reads / read_passes, model_reads_per_round=inside_reads / read_passes,
                 torch_calls_per_round=calls / read_passes, outputs=outputs)
 
@@ -270,8 +328,9 @@ def main(argv=None) -> dict:
     print(f"target: Llama {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; plain step "
           f"(one-token forward) {1e3 * step:.2f} ms; {args.prompts} prompts of {args.prompt_len} tokens, "
           f"{args.max_new_tokens} new, greedy, {args.threads} thread(s)")
-    print(f"{'method':<16} {'tau':>5} {'own ms/round':>12} {'/plain step':>11} {'own share':>9} "
-          f"{'reads/round':>11} {'model reads':>11} {'calls/round':>11} {'same':>5}")
+    print(f"{'method':<21} {'tau':>5} {'own ms/round':>12} {'/plain step':>11} {'own share':>9} "
+          f"{'reads/round':>11} {'model reads':>11} {'calls/round':>11} {'draft ms/round':>14} {'draft passes':>12} "
+          f"{'same':>5}")
     rows = []
     for name in methods:
         kind, tree = METHODS[name]
@@ -280,9 +339,10 @@ def main(argv=None) -> dict:
         r["identical"] = r.pop("outputs") == reference
         r["own_per_plain_step"] = r["own_ms_per_round"] / (1e3 * step)
         rows.append(r)
-        print(f"{name:<16} {r['tau']:>5.2f} {r['own_ms_per_round']:>12.2f} {r['own_per_plain_step']:>11.2f} "
+        print(f"{name:<21} {r['tau']:>5.2f} {r['own_ms_per_round']:>12.2f} {r['own_per_plain_step']:>11.2f} "
               f"{100 * r['own_share']:>8.0f}% {r['reads_per_round']:>11.2f} {r['model_reads_per_round']:>11.2f} "
-              f"{r['torch_calls_per_round']:>11.1f} {'yes' if r['identical'] else 'NO':>5}")
+              f"{r['torch_calls_per_round']:>11.1f} {r['draft_ms_per_round']:>14.2f} "
+              f"{r['draft_passes_per_round']:>12.2f} {'yes' if r['identical'] else 'NO':>5}")
     results = dict(plain_step_ms=1e3 * step, settings=vars(args), methods=rows)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -16,17 +16,23 @@ def test_runtime_probe_runs_as_typed(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     results = json.loads(out.read_text())
     rows = {r["method"]: r for r in results["methods"]}
-    assert set(rows) == {"eagle3-chain", "eagle3-tree", "eagle3-dynamic", "eagle3-dynamic-tensor", "medusa", "lookup"}
+    assert set(rows) == {"eagle3-chain", "eagle3-tree", "eagle3-dynamic", "eagle3-dynamic-tensor", "medusa", "lookup",
+                         "peagle", "dflash", "layerskip", "layerskip-nostop", "draft-model", "lookahead", "suffix",
+                         "hybrid"}
     assert results["plain_step_ms"] > 0
     for name, r in rows.items():
         assert r["identical"], name
         assert r["own_ms_per_round"] > 0 and 0 < r["own_share"] < 1 and r["rounds"] > 0
         assert 10 < r["torch_calls_per_round"] < 1000, (name, r["torch_calls_per_round"])
-        # static trees, Medusa and lookup: one read per round; a dynamic tree grown with tensor ops one more, for its
-        # shape; the host version (a CPU's default) one per level
-        if name != "eagle3-dynamic":
+        # every drafter kind: one read per round; a dynamic tree grown with tensor ops one more, for its shape; the
+        # host version (a CPU's default) one per level; LayerSkip's early stop on a CPU one per drafted token
+        if name not in ("eagle3-dynamic", "layerskip"):
             assert r["reads_per_round"] == (2.0 if name == "eagle3-dynamic-tensor" else 1.0), (name, r["reads_per_round"])
-    assert rows["eagle3-dynamic"]["reads_per_round"] > 2.0
+    assert rows["eagle3-dynamic"]["reads_per_round"] > 2.0 and rows["layerskip"]["reads_per_round"] > 1.0
+    # the drafters with modules spend time in them; P-EAGLE drafts in one pass a round (the prompt's round none)
+    for name in ("eagle3-chain", "medusa", "peagle", "dflash", "draft-model", "hybrid"):
+        assert rows[name]["draft_ms_per_round"] > 0, name
+    assert 0.5 < rows["peagle"]["draft_passes_per_round"] <= 1.0 < rows["eagle3-chain"]["draft_passes_per_round"]
     assert "own ms/round" in res.stdout and "medusa" in res.stdout
 
 

@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from headway.bench.runtime_probe import Meter, counted_reads, metered
-from headway.heads import EagleHead, MedusaHeads
+from headway.bench.runtime_probe import Meter, build_drafter, counted_reads, drafter_modules, metered
+from headway.heads import MedusaHeads
 from headway.heads.medusa import MedusaConfig
 from headway.inference import PromptLookup, SpeculativeGenerator
 from headway.inference.tree import Tree, node_path
@@ -19,24 +19,28 @@ from headway.inference.verify import verify_greedy, verify_greedy_logits, verify
 
 def drafter_of(kind, target):
     torch.manual_seed(0)
-    if kind == "eagle3":
-        return EagleHead.from_target(target, version=3).eval()
     if kind == "medusa":
         return MedusaHeads.from_target(target, MedusaConfig(num_heads=3)).eval()
-    return PromptLookup()
+    return build_drafter(kind, target, 0)  # the runtime probe's random drafter of that kind
 
 
 @pytest.mark.parametrize("kind,tree,reads", [("eagle3", "chain-3", 1), ("eagle3", "tree-7", 1), ("medusa", "tree-7", 1),
                                              ("medusa", None, 1), ("lookup", None, 1),
-                                             ("eagle3", None, 2)])  # a dynamic tree: its shape, then the verification
+                                             ("eagle3", None, 2),  # a dynamic tree: its shape, then the verification
+                                             ("peagle", None, 1), ("dflash", None, 1), ("dflash", "tree-7", 1),
+                                             ("layerskip", None, 1), ("draft-model", "chain-3", 1),
+                                             ("draft-model", "tree-7", 1), ("lookahead", None, 1), ("suffix", None, 1),
+                                             ("eagle3+lookup", "tree-7", 2)])  # merging the drafts reads them
 def test_a_greedy_round_reads_the_device_once(tiny_llama, kind, tree, reads):
     target = tiny_llama[0]
     drafter = drafter_of(kind, target)
     gen = SpeculativeGenerator(target, drafter, tree=tree)
     if kind == "eagle3":
         gen.drafter.tensor_rounds = True  # the CUDA default (a CPU grows dynamic trees on the host, reading per level)
+    if kind == "layerskip":
+        gen.drafter.early_stop = False  # the CUDA default (a CPU stops after an unlikely token: a read per token)
     prompt = torch.tensor([5, 9, 14, 5, 9, 14, 22, 5, 9])  # a repeat, so prompt lookup drafts
-    modules = [target] + ([drafter] if isinstance(drafter, torch.nn.Module) else [])
+    modules = [target] + drafter_modules(drafter)
     counts = {}
     for budget in (8, 24):
         meter = Meter()
