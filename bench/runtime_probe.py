@@ -49,7 +49,7 @@ METHODS = {  # name -> (drafter kind, tree)
     # the other drafter kinds, each under its default tree
     "peagle": ("peagle", None),  # K = 4 from one drafter pass
     "dflash": ("dflash", None),  # a block of 8: a chain of 7
-    "layerskip": ("layerskip", None),  # the target's first layers (drafting counts as the target's time) + the exit head
+    "layerskip": ("layerskip", None),  # the target's first layers (counted as the target's time) + the exit head
     "layerskip-nostop": ("layerskip", None),  # without the CPU's early stop (a read per token): the CUDA default
     "draft-model": ("draft-model", "chain-3"),  # a random 2-layer Llama
     "lookahead": ("lookahead", None),
@@ -90,9 +90,9 @@ def build_drafter(kind: str, target, seed: int):
                             max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False,
                             attn_implementation="sdpa")
         return LlamaForCausalLM(small).eval()
-    heads = {"eagle3": lambda: EagleHead.from_target(target, version=3), "medusa": lambda: MedusaHeads.from_target(target),
-             "peagle": lambda: PEagleHead.from_target(target), "dflash": lambda: DFlashHead.from_target(target),
-             "layerskip": lambda: LayerSkipHead.from_target(target)}
+    heads = {"eagle3": lambda: EagleHead.from_target(target, version=3),
+             "medusa": lambda: MedusaHeads.from_target(target), "peagle": lambda: PEagleHead.from_target(target),
+             "dflash": lambda: DFlashHead.from_target(target), "layerskip": lambda: LayerSkipHead.from_target(target)}
     if kind in heads:
         return heads[kind]().eval()
     return {"lookup": PromptLookup, "lookahead": Lookahead, "suffix": SuffixDecoding}[kind]()
