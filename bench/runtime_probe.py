@@ -1,12 +1,13 @@
 """How much of a speculative round is the runtime's own work, and how often it reads the device.
 
-A small random target (Llama, 8 layers, hidden 256: a plain step of a few ms on a CPU) and random
-drafters (an EAGLE-3 head, Medusa heads, prompt lookup) generate greedily from random prompts. The
-time spent inside the target's and the drafter's module forwards (and the drafter's vocabulary
-projection) is measured with hooks; everything else in ``generate`` is the runtime's own work:
-tree building, masks, verification, cache compaction, bookkeeping, Python. It is reported per
-round (target verification pass) and relative to a plain step (the target's one-token forward,
-timed the same way inside plain greedy ``generate``).
+A small random target (Llama, 8 layers, hidden 256: a plain step of a few ms on a CPU) and a random
+drafter of every kind (``METHODS``: EAGLE-3, Medusa, P-EAGLE, DFlash, LayerSkip, a draft model, and the
+retrieval drafters) generate greedily from random prompts. The time spent inside the target's and the
+drafter's module forwards (and the drafter's vocabulary projection) is measured with hooks; everything
+else in ``generate`` is the runtime's own work: tree building, masks, verification, cache compaction,
+bookkeeping, Python. It is reported per round (target verification pass) and relative to a plain step
+(the target's one-token forward, timed the same way inside plain greedy ``generate``). The drafter's own
+time (its modules and vocabulary projections) and its top-level forwards per round are reported beside it.
 
 A second, separate pass counts host reads per round (past the prompt's) outside the module forwards: ``.item()``, ``.tolist()``,
 ``int()``, ``float()``, ``bool()``, ``__index__``, ``.nonzero()``, ``.cpu()`` and ``.numpy()`` on a
@@ -113,6 +114,7 @@ class Meter:
         self.reads, self.inside, self.host = 0, 0, 0  # host: inside host work (HOST_WORK), reads not counted
         self.torch_calls = 0  # outside the timed calls (``counted_calls``)
         self.reading = 0  # inside a counted read
+        self.passes = 0  # the drafter's top-level module forwards (``drafter_passes``)
 
     def enter(self, *_):
         if self.depth == 0:
@@ -235,8 +237,6 @@ def drafter_functions(drafter) -> list:
 @contextlib.contextmanager
 def drafter_passes(meter: Meter, drafter):
     """Count into ``meter.passes`` the drafter's top-level module forwards (its layers run inside them)."""
-    meter.passes = 0
-
     def count(*_):
         meter.passes += 1
 

@@ -186,7 +186,9 @@ def read_drafts(drafts: list[Draft], scored: bool) -> tuple[list[list[int]], lis
     """Every draft's tokens, and its scores when ``scored``, on the host in one read (scores already on the host
     are taken as they are)."""
     on_device = [d.tokens for d in drafts] + [d.scores for d in drafts if scored and isinstance(d.scores, torch.Tensor)]
-    flat = torch.cat([t.reshape(-1).double() for t in on_device]).tolist()  # token ids are exact in float64
+    # token ids are exact in float64 (float32 on MPS, which has no float64: exact below 2^24, every vocabulary's size)
+    wide = torch.float32 if on_device[0].device.type == "mps" else torch.float64
+    flat = torch.cat([t.reshape(-1).to(wide) for t in on_device]).tolist()
     at, tokens = 0, []
     for d in drafts:
         n = d.tokens.numel()

@@ -46,11 +46,13 @@ class LayerSkipProposer(Proposer):
 
     The stop reads the probability on the host each step: free on a CPU, a device sync on a GPU, so
     ``early_stop`` (None) stops early on a CPU only; on a GPU the chain runs its whole depth without a
-    read (``tree="auto"`` still cuts it by the same scores before verification). True / False force it."""
+    read, whatever ``min_prob`` (``tree="auto"`` still cuts it by the same scores before verification).
+    True / False force it."""
 
     shares_target_cache = True  # it writes the target's early layers: the generator resumes verification
 
-    def __init__(self, head: LayerSkipHead, num_draft: int | None = None, min_prob: float = DEFAULT_MIN_PROB):
+    def __init__(self, head: LayerSkipHead, num_draft: int | None = None, min_prob: float = DEFAULT_MIN_PROB,
+                 early_stop: bool | None = None):
         self.head = head.eval()
         self.exit_layer = head.config.exit_layer
         self.num_draft = num_draft or head.config.num_draft
@@ -59,7 +61,7 @@ class LayerSkipProposer(Proposer):
         if not 0.0 <= min_prob < 1.0:
             raise ValueError(f"min_prob must be in [0, 1), got {min_prob}")
         self.min_prob = min_prob
-        self.early_stop: bool | None = None  # None: on a CPU only (a read per drafted token)
+        self.early_stop = early_stop  # None: on a CPU only (a read per drafted token)
         self._on_cpu = True
         self._target = None
         self._cache = None

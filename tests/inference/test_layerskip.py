@@ -140,16 +140,17 @@ def test_drafting_stops_after_an_unlikely_token(family):
     target = family.target
     head = LayerSkipHead.from_target(target, exit_layer=1, num_draft=4)
     depths = {}
-    for min_prob, early_stop in ((0.0, None), (0.999, None), (0.999, False)):
-        proposer = LayerSkipProposer(head, min_prob=min_prob)
-        proposer.early_stop = early_stop
-        gen = SpeculativeGenerator(target, proposer, tree=None)
+    for min_prob, early_stop, cpu in ((0.0, None, True), (0.999, None, True), (0.999, False, True),
+                                      (0.999, None, False)):
+        gen = SpeculativeGenerator(target, LayerSkipProposer(head, min_prob=min_prob, early_stop=early_stop), tree=None)
+        gen.drafter._on_cpu = cpu  # False: as bound on a GPU, whose default drafts the whole chain without a read
         out = gen.generate(family.prompts[4], max_new_tokens=40)
         assert torch.equal(out.sequences, reference_generate(target, family.prompts[4], 40))
-        depths[min_prob, early_stop] = out.stats.draft_depth_per_step[1:]  # the prompt's pass aside
-    # min_prob 0 or no early stop: the whole chain (but where the budget cuts it); nearly 1: one token a round
-    for whole in (depths[0.0, None], depths[0.999, False]):
+        depths[min_prob, early_stop, cpu] = out.stats.draft_depth_per_step[1:]  # the prompt's pass aside
+    # min_prob 0 or no early stop (forced, or a GPU's default): the whole chain (but where the budget cuts it);
+    # nearly 1 on a CPU: one token a round
+    for whole in (depths[0.0, None, True], depths[0.999, False, True], depths[0.999, None, False]):
         assert whole.count(4) >= len(whole) - 2, whole
-    assert 1 in depths[0.999, None] and set(depths[0.999, None]) <= {0, 1}
+    assert 1 in depths[0.999, None, True] and set(depths[0.999, None, True]) <= {0, 1}
     with pytest.raises(ValueError, match=r"min_prob must be in \[0, 1\)"):
         LayerSkipProposer(head, min_prob=1.0)

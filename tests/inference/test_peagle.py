@@ -7,6 +7,7 @@ import torch
 
 from headway.heads.peagle import PEagleHead
 from headway.inference import SpeculativeGenerator
+from headway.inference.peagle import PEagleProposer
 from tests.inference.spec_utils import assert_batch_equals_rows
 
 
@@ -47,6 +48,25 @@ def test_one_drafter_pass_per_round(family, heads, monkeypatch):
     # the prompt's round drafts nothing (no target feature yet); a round asked for depth 0 still catches up
     assert max(depths) == 3 and depths[0] == 0 and calls == [max(d, 1) for d in depths[1:]], (calls, depths)
     assert len(gen.drafter._cache) == gen.drafter._seen
+
+
+def test_the_one_pass_equals_the_catch_up_then_the_slots(family, heads):
+    """The round's one forward gives the rows the catch-up and a separate slots pass give (the root's at position
+    L-2, slot j's at L-2+j) and leaves the cache holding the context only."""
+    head = peagle_for(family, heads)
+    one, two = PEagleProposer(head), PEagleProposer(head)
+    for p in (one, two):
+        p.bind(family.target)
+        p.reset()
+    torch.manual_seed(1)
+    n = 6
+    tokens = torch.randint(3, 100, (n + 1,))  # L = n + 1: the root at position n - 1
+    features = torch.randn(n, head.config.feature_width)
+    rows = one._take_in_with_slots(tokens, features, 2)  # [3, H]
+    root = two._take_in(tokens, features)  # [1, H]
+    slots = head.slots(torch.arange(n, n + 2)[None], cache=two._cache)[0]  # [2, H]
+    torch.testing.assert_close(rows, torch.cat([root, slots]), rtol=1e-4, atol=1e-5)
+    assert len(one._cache) == one._seen == n
 
 
 def test_a_batch_equals_its_rows_alone(family, heads):
