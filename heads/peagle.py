@@ -89,7 +89,8 @@ class PEagleHead(Eagle3Head):
 
     def slots(self, positions: torch.Tensor, cache=None, attention_mask=None) -> torch.Tensor:
         """K - 1 slots at ``positions`` [B, S] after ``cache`` (causal: each sees the context and the slots
-        before it) -> their outputs h' [B, S, H]."""
+        before it) -> their outputs h' [B, S, H]. The runtime runs the slots inside the catch-up's forward
+        (``PEagleProposer``); this pass alone is the reference its tests and the exports' tests compare with."""
         b, s = positions.shape
         ids = torch.full((b, s), self.config.mask_token_id, dtype=torch.long, device=positions.device)
         hidden = self.slot_hidden().expand(b, s, -1)
