@@ -87,11 +87,15 @@ class PEagleHead(Eagle3Head):
         """The slots' step input ``fc(mask_hidden)`` [H]."""
         return self.input_hidden(self.mask_hidden.to(self.fc.weight.dtype))
 
+    def slot_inputs(self, s: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inputs of ``s`` slots: the mask token's ids [s] and the step input ``fc(mask_hidden)`` [s, H]."""
+        ids = torch.full((s,), self.config.mask_token_id, dtype=torch.long, device=device)
+        return ids, self.slot_hidden().expand(s, -1)
+
     def slots(self, positions: torch.Tensor, cache=None, attention_mask=None) -> torch.Tensor:
         """K - 1 slots at ``positions`` [B, S] after ``cache`` (causal: each sees the context and the slots
         before it) -> their outputs h' [B, S, H]. The runtime runs the slots inside the catch-up's forward
         (``PEagleProposer``); this pass alone is the reference its tests and the exports' tests compare with."""
         b, s = positions.shape
-        ids = torch.full((b, s), self.config.mask_token_id, dtype=torch.long, device=positions.device)
-        hidden = self.slot_hidden().expand(b, s, -1)
-        return self(ids, hidden, positions, attention_mask=attention_mask, cache=cache)
+        ids, hidden = self.slot_inputs(s, positions.device)
+        return self(ids.expand(b, s), hidden.expand(b, s, -1), positions, attention_mask=attention_mask, cache=cache)

@@ -346,14 +346,13 @@ def accept_rows(gen, live: list[Row], drafts: list[Draft], logits: torch.Tensor,
         if sampling is None:
             leaf, bonus = verify_greedy_logits(draft.tree, draft.tokens, row_logits)
             tail = [] if observer is None else [vocab_reduce.argmax(row_logits)]  # [N]
-            on_device.append((i, torch.cat([torch.stack([leaf, bonus]), draft.tokens, *tail])))
+            on_device.append((i, observer, torch.cat([torch.stack([leaf, bonus]), draft.tokens, *tail])))
         else:
             paths[i], news[i] = gen._accept(draft, row_logits, sampling, generator, observer)
     if on_device:  # the round's one read for every greedy row
-        flat = torch.cat([x for _, x in on_device]).tolist()
+        flat = torch.cat([x for _, _, x in on_device]).tolist()
         at = 0
-        for i, x in on_device:
-            observer = live[i].proposer if live[i].proposer.reads_outputs else None
+        for i, observer, x in on_device:
             paths[i], news[i] = gen.greedy_result(drafts[i].tree, flat[at:at + x.shape[0]], observer, drafts[i])
             at += x.shape[0]
     return paths, news

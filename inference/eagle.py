@@ -127,17 +127,26 @@ class EagleProposer(Proposer):
                                f"but the context has {length - 1} before the root")
         return new
 
-    def _take_in(self, tokens: torch.Tensor, features: torch.Tensor, outputs: int = 1) -> torch.Tensor:
+    def _take_in(self, tokens: torch.Tensor, features: torch.Tensor, outputs: int = 1,
+                 after: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Drop the previous round's tree entries and feed the next n context positions (``features`` [n, F],
         each paired with the token after it in ``tokens`` [L]) to the draft cache; the last ``outputs``
         positions' h' [outputs, H]. Only those run the whole layer: the others just write their keys/values
-        (a long prompt's catch-up costs a quarter of the full layer over it)."""
+        (a long prompt's catch-up costs a quarter of the full layer over it). ``after``: (ids [s], hidden [s, H])
+        run at the s positions after the context in the same causal pass (P-EAGLE's mask slots), their h' returned
+        after the context's and their entries cropped off: [outputs + s, H]."""
         head, n = self.head, features.shape[0]
         self._cache.crop(self._seen)
-        ids = tokens[self._seen + 1:self._seen + 1 + n][None]  # [1, n]: x[j+1] paired with f[j]
-        positions = torch.arange(self._seen, self._seen + n, device=self._device)[None]
-        h = head.extend(ids, head.input_hidden(features)[None], positions, self._cache, outputs)  # [1, outputs, H]
+        ids = tokens[self._seen + 1:self._seen + 1 + n]  # [n]: x[j+1] paired with f[j]
+        hidden = head.input_hidden(features)  # [n, H]
+        s = 0 if after is None else after[0].shape[0]
+        if s:
+            ids, hidden = torch.cat([ids, after[0]]), torch.cat([hidden, after[1]])  # [n + s], [n + s, H]
+        positions = torch.arange(self._seen, self._seen + n + s, device=self._device)[None]
+        h = head.extend(ids[None], hidden[None], positions, self._cache, outputs + s)  # [1, outputs + s, H]
         self._seen += n
+        if s:
+            self._cache.crop(self._seen)
         return h[0]
 
     @torch.no_grad()

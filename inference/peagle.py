@@ -54,7 +54,8 @@ class PEagleProposer(EagleProposer):
             self._catch_up(ctx)  # nothing to draft from (a one-token prompt) or nothing asked: the context only
             return root_only(ctx)
         head = self.head
-        rows = self._take_in_with_slots(ctx.tokens, ctx.features, depth - 1)  # [depth, H]
+        # the catch-up with the depth - 1 mask slots after the root, in one drafter forward
+        rows = self._take_in(ctx.tokens, ctx.features, after=head.slot_inputs(depth - 1, self._device))  # [depth, H]
         logits = few_rows_linear(*head.projection(rows)).float()  # [depth, V']
         if ctx.sampling is None:
             picked = vocab_reduce.argmax(logits)  # [depth]
@@ -68,24 +69,6 @@ class PEagleProposer(EagleProposer):
         tokens = torch.cat([ctx.tokens[-1:], head.to_target_ids(picked)])  # [depth + 1]
         scores = torch.cat([chosen.new_ones(1), chosen.cumprod(0)])
         return Draft(chain(depth), tokens, q=q, scores=scores)
-
-    def _take_in_with_slots(self, tokens: torch.Tensor, features: torch.Tensor, slots: int) -> torch.Tensor:
-        """The catch-up (``EagleProposer._take_in``) and ``slots`` mask slots after the root in one drafter pass:
-        the new context positions write their keys/values, the root and the slots (positions L-2 .. L-2+slots,
-        causal: slot j sees the context and the slots before it) run the whole layer; the slots' entries are
-        then cropped off. Returns h' [1 + slots, H]: the root's (depth 1), then slot j's (depth j + 1)."""
-        head, n = self.head, features.shape[0]
-        self._cache.crop(self._seen)
-        ids = tokens[self._seen + 1:self._seen + 1 + n]  # [n]: x[j+1] paired with f[j]
-        ids = torch.cat([ids, ids.new_full((slots,), head.config.mask_token_id)])  # [n + slots]
-        hidden = head.input_hidden(features)  # [n, H]
-        hidden = torch.cat([hidden, head.slot_hidden().expand(slots, -1)])  # [n + slots, H]
-        positions = torch.arange(self._seen, self._seen + n + slots, device=self._device)
-        h = head.extend(ids[None], hidden[None], positions[None], self._cache, outputs=1 + slots)  # [1, 1 + slots, H]
-        self._seen += n
-        if slots:
-            self._cache.crop(self._seen)
-        return h[0]
 
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
         """A batch's row drafts alone (its one pass needs no level-by-level batching)."""

@@ -62,7 +62,7 @@ def test_the_one_pass_equals_the_catch_up_then_the_slots(family, heads):
     n = 6
     tokens = torch.randint(3, 100, (n + 1,))  # L = n + 1: the root at position n - 1
     features = torch.randn(n, head.config.feature_width)
-    rows = one._take_in_with_slots(tokens, features, 2)  # [3, H]
+    rows = one._take_in(tokens, features, after=head.slot_inputs(2, torch.device("cpu")))  # [3, H]
     root = two._take_in(tokens, features)  # [1, H]
     slots = head.slots(torch.arange(n, n + 2)[None], cache=two._cache)[0]  # [2, H]
     torch.testing.assert_close(rows, torch.cat([root, slots]), rtol=1e-4, atol=1e-5)
