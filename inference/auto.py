@@ -245,11 +245,12 @@ class AutoTree:
         probability of a draw), over the node's rank among its siblings; depth and the acceptance seen
         so far do the rest.
         """
-        tree, raw = draft.tree, draft.score_list()
-        if draft.q is not None:
+        tree = draft.tree
+        if draft.q is not None:  # (its scores, left on the device or not, are never read)
             row = draft.q.get(0) if isinstance(draft.q, dict) else draft.q[0]
             conf = float(row.double().square().sum()) if row is not None else 0.5
             return [1.0] + [conf / (tree.ranks[i] + 1) for i in range(1, tree.size)]
+        raw = draft.score_list()
         if raw is None:  # no estimate: one in two for a first choice
             return [1.0] + [0.5 / (tree.ranks[i] + 1) for i in range(1, tree.size)]
         out = [1.0] * tree.size
@@ -321,7 +322,8 @@ class AutoTree:
             self._draft_steps = self.draft_cost
         elif not timed:
             self._draft_steps = 0.0
-        if isinstance(draft.scores, torch.Tensor):  # one read here, not one per use
+        if isinstance(draft.scores, torch.Tensor) and draft.q is None:  # one read here, not one per use (a sampled
+            # draft's scores are never read: see _conds)
             draft = dataclasses.replace(draft, scores=draft.score_list())
         keep, self.rate = self._best(draft, prefix_len, self._draft_steps)
         return prune(draft, keep)
@@ -367,8 +369,10 @@ def prune(draft: Draft, keep: list[int]) -> Draft:
         q = {index[n]: v for n, v in q.items() if n in index}
     elif q is not None:
         q = q[torch.tensor(keep, device=q.device)]
-    raw = draft.score_list()
-    scores = [raw[n] for n in keep] if raw is not None else None
+    if isinstance(draft.scores, torch.Tensor):  # left on the device (a sampled draft's): cut there, unread
+        scores = draft.scores[torch.tensor(keep, device=draft.scores.device)]
+    else:
+        scores = [draft.scores[n] for n in keep] if draft.scores is not None else None
     sources = [draft.sources[n] for n in keep] if draft.sources is not None else None
     states = draft.states[torch.tensor(keep, device=draft.states.device)] if draft.states is not None else None
     return Draft(Tree(parents, ranks=ranks, name=f"auto-{len(keep)}"), tokens, q, scores=scores, sources=sources,

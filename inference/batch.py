@@ -143,7 +143,8 @@ def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator)
         row.stats.time_draft += seconds
         if row.auto is not None:
             tc = time.perf_counter()
-            full = dataclasses.replace(draft, scores=draft.score_list())
+            full = draft if draft.q is not None else dataclasses.replace(draft, scores=draft.score_list())  # (a
+            # sampled draft's scores are never read)
             draft = row.auto.select(full, row.length, seconds)
             row.ranked = (full, *row.auto.ranked)
             row.stats.time_control += time.perf_counter() - tc

@@ -141,6 +141,17 @@ def test_a_sampled_draft_is_cut_without_looking_at_its_draws(parents):
         shapes.add(tuple(auto.select(draft, 10).tree.parents))
     assert len(shapes) == 1, shapes
 
+def test_a_sampled_drafts_device_scores_are_never_read():
+    """A sampled draft is judged by the root's row of q alone, so the scores a drafter left on the device are
+    not read (a sync on a GPU for nothing): here they sit on the meta device, where any read fails."""
+    q = {0: torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64), 1: torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)}
+    draft = Draft(Tree([-1, 0, 1]), torch.tensor([2, 0, 1]), q=q, scores=torch.ones(3, device="meta"))
+    auto = AutoTree(made_up_curve(0.3))
+    kept = auto.select(draft, 10)
+    assert kept.tree.size >= 1 and kept.scores.device.type == "meta"
+    auto.observe(kept, list(range(kept.tree.size)), 10, drafted=True)
+
+
 def test_auto_sampling_is_exact(models, monkeypatch):
     """Node by node (the wiring check) and in distribution, with pruned sampled trees (a draft model's q)."""
     target = models["target"]
