@@ -333,8 +333,9 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
 
 
 def accept_rows(gen, live: list[Row], drafts: list[Draft], logits: torch.Tensor, sampling, generator):
-    """(each row's accepted path, its new tokens) from the batched pass's logits [B, W, V]. Greedy rows
-    without processors are verified on the device and read in one go for the whole batch."""
+    """(each row's accepted path, its new tokens) from the batched pass's logits [B, W, V]. Greedy rows (their
+    logits processors, if any, applied first) are verified on the device and read in one go for the whole batch;
+    sampled rows each through the generator's own acceptance."""
     paths, news = [None] * len(live), [None] * len(live)
     on_device = []
     for i, (row, draft) in enumerate(zip(live, drafts)):

@@ -7,7 +7,11 @@ L .. L+B-2, every one seeing the whole context and the whole block; slot k's dis
 drafter's for depth k. The block's entries are cropped off the caches afterwards. The draft is a
 chain by default; a static tree takes its depth-d candidates from slot d's top-k (greedy) or draws
 (sampling, each node's children drawn from q of its depth: the slots do not read the drawn tokens, so
-the verifier's q is exactly what was drawn from and sampling stays exact). ``tree="auto"`` may cut it.
+the verifier's q is exactly what was drawn from and sampling stays exact). ``tree="auto"`` may cut it. An EAGLE-2
+dynamic tree (``tree={"depth": d, "top_k": k, "total_tokens": n}``) grows over the same rows: every depth-d node's
+children are the top-k of slot d's row, the frontier the k best paths by cumulative log-probability, the n best
+nodes kept (``grow_dynamic_tensors``: tensor ops, one read for the kept tree; candidates deterministic, verified
+as one-hot drafts in greedy and sampled decoding alike), at no drafter cost beyond the block's one pass.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from headway.heads.dflash import DFlashHead
 from headway.heads.eagle_layer import DraftCache
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.eagle import bind_head
-from headway.inference.expand import expand_static
+from headway.inference.expand import DynamicTree, expand_dynamic_tensors, expand_static
 from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only
 from headway.inference.tree import Tree, chain
 
@@ -48,6 +52,18 @@ class DFlashProposer(Proposer):
 
     def default_tree(self) -> Tree:
         return chain(self.block - 1)
+
+    def resolve_tree(self, spec):
+        """A static tree as every drafter's, or EAGLE-2 dynamic settings (a dict or a ``DynamicTree``) of depth at
+        most ``block_size - 1``."""
+        if isinstance(spec, (dict, DynamicTree)):
+            tree = spec if isinstance(spec, DynamicTree) else DynamicTree.from_spec(spec)
+            if tree.depth > self.block - 1:
+                raise ValueError(f"this DFlash drafter was trained on blocks of {self.block} tokens, so it drafts at "
+                                 f"most {self.block - 1} per pass; the dynamic tree has depth {tree.depth}: pass "
+                                 f"depth <= {self.block - 1}")
+            return tree
+        return super().resolve_tree(spec)
 
     def check_tree(self, tree: Tree) -> None:
         if tree.depth > self.block - 1:
@@ -84,6 +100,8 @@ class DFlashProposer(Proposer):
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
+        if isinstance(ctx.tree, DynamicTree):
+            return self._dynamic(ctx, ctx.tree)
         tree = ctx.tree if isinstance(ctx.tree, Tree) else self.default_tree()
         tree = tree.truncate(ctx.max_depth)
         if not self._catch_up(ctx) or tree.size == 1:
@@ -96,6 +114,19 @@ class DFlashProposer(Proposer):
         head = self.head
         return expand_static(tree, ctx.root_token, logits[0], feed, ctx.sampling, ctx.generator, head.to_target_ids,
                              head.widen)
+
+    def _dynamic(self, ctx: DraftContext, tree: DynamicTree) -> Draft:
+        """An EAGLE-2 dynamic tree over the block's rows: a level's every row is its depth's slot (the slots never
+        read the drafted tokens, so a node's children do not depend on which node it is)."""
+        depth = min(tree.depth, ctx.max_depth)
+        if not self._catch_up(ctx) or depth < 1:
+            return root_only(ctx)
+        logits = self.block_logits(ctx, depth)  # [depth, V']
+
+        def feed(tokens, parent_rows, level, allowed):  # the frontier's rows at depth ``level``: that slot's logits
+            return logits[level].expand(tokens.shape[0], -1)
+
+        return expand_dynamic_tensors(tree, depth, ctx.root_token, logits[0], feed, self.head.to_target_ids)
 
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
         """A batch's row drafts alone (its one pass needs no level-by-level batching)."""

@@ -1,6 +1,7 @@
 """DFlash's runtime: the root and B - 1 mask slots in one drafter pass over the context's features, verified as a
-chain or a static tree; the output is the target's own (greedy on both families, under tree="auto", with trees, in a
-batch; sampling: test_generator_sampling's wiring and chi-square cases)."""
+chain, a static tree or an EAGLE-2 dynamic tree over the block's rows; the output is the target's own (greedy on both
+families, under tree="auto", with trees, in a batch; sampling: test_generator_sampling's wiring and chi-square
+cases)."""
 
 import pytest
 import torch
@@ -28,8 +29,11 @@ def dflash_for(family, heads, vocab=None):
     return heads[key]
 
 
+DYNAMIC = {"depth": 3, "top_k": 2, "total_tokens": 5}
+
+
 @pytest.mark.parametrize("tree, vocab", [(None, None), ("auto", None), ("chain-2", None), ("tree-7", None),
-                                         (None, 60), ("tree-7", 60)])
+                                         (DYNAMIC, None), (None, 60), ("tree-7", 60), (DYNAMIC, 60)])
 def test_greedy_equals_generate(family, heads, tree, vocab):
     gen = SpeculativeGenerator(family.target, dflash_for(family, heads, vocab), tree=tree)
     for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:12]):
@@ -55,9 +59,34 @@ def test_one_block_per_round_and_the_context_only_stays(family, heads, monkeypat
     assert gen.drafter._seen == out.sequences.shape[1] - 2  # the context: every position but the last two's root
 
 
-def test_a_batch_equals_its_rows_alone(family, heads):
-    gen = SpeculativeGenerator(family.target, dflash_for(family, heads), tree=None)
+@pytest.mark.parametrize("tree", [None, DYNAMIC])
+def test_a_batch_equals_its_rows_alone(family, heads, tree):
+    gen = SpeculativeGenerator(family.target, dflash_for(family, heads), tree=tree)
     assert_batch_equals_rows(gen, family)
+
+
+def test_a_dynamic_tree_is_eagle2s_rule_over_the_blocks_rows(family, heads):
+    """The dynamic tree is EAGLE-2's (the host growth, ``expand_dynamic``) with every depth-d node's children
+    scored by slot d's row, from the one block pass; every kept node is among its depth's top-k."""
+    from headway.inference.expand import DynamicTree, expand_dynamic
+    from headway.inference.proposer import DraftContext
+
+    head = dflash_for(family, heads, 60)
+    settings = DynamicTree(**DYNAMIC)
+    gen = SpeculativeGenerator(family.target, head, tree=DYNAMIC)
+    out = gen.generate(family.prompts[1], max_new_tokens=12)  # the drafter's caches hold the context so far
+    tokens = out.sequences[0]
+    features = gen.drafter._seen  # positions the drafter has taken in
+    prompt = tokens[:features + 1]  # the context it has, and its root
+    ctx = DraftContext(prompt, None, settings, 3, None, None)
+    logits = gen.drafter.block_logits(ctx, 3)  # [3, V'] (the block's entries are cropped off again)
+    draft = gen.drafter.propose(DraftContext(prompt, tokens.new_zeros(0, 1), settings, 3, None, None))
+    want = expand_dynamic(settings, 3, int(prompt[-1]), logits[0],
+                          lambda exp, nodes: logits[exp.depths[nodes[0]]].expand(len(nodes), -1), head.to_target_ids)
+    assert draft.tree.parents == want.tree.parents and torch.equal(draft.tokens, want.tokens)
+    assert draft.tree.size == 1 + DYNAMIC["total_tokens"] and draft.q is None  # deterministic: verified one-hot
+    top = head.to_target_ids(logits.topk(2, -1).indices)  # [3, 2]
+    assert all(int(draft.tokens[n]) in top[draft.tree.depths[n] - 1].tolist() for n in range(1, draft.tree.size))
 
 
 def test_a_block_larger_than_trained_is_refused(family, heads):
@@ -66,3 +95,5 @@ def test_a_block_larger_than_trained_is_refused(family, heads):
         SpeculativeGenerator(family.target, head, tree="chain-4")
     with pytest.raises(ValueError, match="trained on blocks of 4 tokens"):
         SpeculativeGenerator(family.target, head, tree=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
+    with pytest.raises(ValueError, match="the dynamic tree has depth 4: pass depth <= 3"):
+        SpeculativeGenerator(family.target, head, tree={"depth": 4, "top_k": 2, "total_tokens": 5})

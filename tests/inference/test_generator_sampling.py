@@ -94,6 +94,8 @@ WIRING = {
     # DFlash: one block's slots; every depth-d node's children drawn from slot d + 1's row, which reads the context
     # and the block (never the drafted tokens): a tree whose siblings' subtrees share their candidates' distribution
     "dflash-tree": lambda m: WiringCase(m.dflash, TREE, q_ref=dflash_q_ref(m.target, m.dflash)),
+    # DFlash's dynamic tree: EAGLE-2's rule over the block's rows, deterministic (verified one-hot)
+    "dflash-dynamic": lambda m: WiringCase(m.dflash, {"depth": 3, "top_k": 2, "total_tokens": 5}, fixed_shape=False),
     # EAGLE-2 dynamic trees draft deterministically (top-k by cumulative log-probability)
     "eagle3-dynamic": lambda m: WiringCase(m.eagle3, {"depth": 3, "top_k": 2, "total_tokens": 5}, fixed_shape=False),
 }
