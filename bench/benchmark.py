@@ -52,6 +52,7 @@ from headway.bench.task_prompts import GROUPS, prompts_file, task_prompts
 from headway.inference.cpu_gemm import pack_linears
 from headway.inference.draft_model import DraftModelProposer
 from headway.inference.generator import SpeculativeGenerator
+from headway.inference.hybrid import DEFAULT_RETRIEVAL, RETRIEVAL_PARTS, retrieval_parts
 from headway.inference.prompt_lookup import PromptLookup
 from headway.inference.retrieval_choice import RetrievalChoice
 from headway.inference.suffix_decoding import SuffixDecoding
@@ -93,21 +94,16 @@ EAGLE_TREES = {"chain-3": "chain-3", "chain-4": "chain-4", "chain-5": "chain-5",
 DEFAULT_EAGLE_TREES = [name for name in EAGLE_TREES if not name.endswith("-unpruned")]
 
 
-RETRIEVAL = {"lookup": lambda: [PromptLookup()], "suffix": lambda: [SuffixDecoding(cross_request=False)],
-             "lookup+suffix": lambda: [PromptLookup(), SuffixDecoding(cross_request=False)],
-             "choice": lambda: [retrieval_choice()]}
-
-
 def retrieval_choice() -> RetrievalChoice:
     """Suffix decoding or prompt lookup, whichever would have been accepted more so far in the request."""
-    return RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()])
+    return retrieval_parts("choice")[0]
 
 
 def with_lookup(drafter, lookup) -> list:
     """The drafter alone, and with each retrieval drafter ``lookup`` names (True: prompt lookup) merged into its
     tree (a hybrid): "... + lookup", "... + suffix"."""
     kinds = ("lookup",) if lookup is True else () if not lookup else tuple(lookup)  # True: prompt lookup alone
-    return [("", drafter)] + [(f" + {kind}", [drafter, *RETRIEVAL[kind]()]) for kind in kinds]
+    return [("", drafter)] + [(f" + {kind}", [drafter, *retrieval_parts(kind)]) for kind in kinds]
 
 
 def eagle_methods(target, folder: str, trees, taken=(), lookup=False, graphs_off=False) -> dict:
@@ -171,6 +167,9 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
             for suffix, drafter in with_lookup(head, lookup if kind != "layerskip" else False):
                 out[f"{label} chain{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree=None))
                 out[f"{label} auto{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree="auto"))
+                if kind == "dflash":  # EAGLE-2's dynamic tree over the block's rows (as EAGLE's CPU default: 7 nodes)
+                    out[f"{label} dynamic{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree={
+                        "depth": c.block_size - 1, "top_k": 4, "total_tokens": 7}))
     if draft_layers and "draft-model" in families:
         out[f"draft model: first {draft_layers} layers, chain-3"] = (
             "headway", SpeculativeGenerator(target, DraftModelProposer(early_exit_model(target, draft_layers), gamma=3),
@@ -379,10 +378,11 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="run the whole prompt set this many times; the table pools them and adds each run's speedup")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest and steadiest on small CPUs)")
     p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run each Medusa/EAGLE tree as a hybrid with retrieval merged into it (+ lookup rows)")
-    p.add_argument("--hybrid-retrieval", default="lookup",
-                   help=f"the retrieval drafters each hybrid row merges, one row each, of {list(RETRIEVAL)} "
-                        "(suffix: suffix decoding within the request; lookup+suffix: both merged; choice: one of the "
+                   help="also run each Medusa/EAGLE tree as a hybrid with retrieval merged into it ('+ suffix' rows by "
+                        "default: --hybrid-retrieval)")
+    p.add_argument("--hybrid-retrieval", default=DEFAULT_RETRIEVAL,
+                   help=f"the retrieval drafters each hybrid row merges, one row each, of {list(RETRIEVAL_PARTS)} "
+                        "(the default suffix: suffix decoding within the request; lookup: prompt lookup; lookup+suffix: both merged; choice: one of the "
                         "two each round, the one that would have been accepted more so far)")
     p.add_argument("--pack-linears", action=argparse.BooleanOptionalAction, default=True,
                    help="float32 CPU target: prepack its linear weights for multi-row passes (verification, prefill; "
@@ -416,9 +416,9 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     unknown = sorted(set(eagle_trees) - set(EAGLE_TREES))
     if unknown:
         p.error(f"unknown --eagle-trees {unknown}; choose from {list(EAGLE_TREES)}")
-    unknown = sorted({k for k in args.hybrid_retrieval.split(",") if k} - set(RETRIEVAL))
+    unknown = sorted({k for k in args.hybrid_retrieval.split(",") if k} - set(RETRIEVAL_PARTS))
     if unknown:
-        p.error(f"unknown --hybrid-retrieval {unknown}; choose from {list(RETRIEVAL)}")
+        p.error(f"unknown --hybrid-retrieval {unknown}; choose from {list(RETRIEVAL_PARTS)}")
     try:  # a drafter folder named that does not exist or holds another kind
         heads_dir, eagle_dirs = drafter_folders(args)
     except (ValueError, FileNotFoundError) as exc:

@@ -176,9 +176,10 @@ def parse_tree(spec: str | None):
 
 
 def build_drafter(args, target_tokenizer, device):
-    """The drafter the flags ask for, or None for plain decoding. A model drafter gets prompt lookup
-    beside it (one hybrid drafter) unless --no-lookup."""
+    """The drafter the flags ask for, or None for plain decoding. A model drafter gets retrieval beside it
+    (one hybrid drafter; ``--retrieval``, suffix decoding by default) unless --no-lookup."""
     from headway.inference import PromptLookup
+    from headway.inference.hybrid import retrieval_parts
 
     if args.prompt_lookup:
         return PromptLookup()
@@ -199,7 +200,7 @@ def build_drafter(args, target_tokenizer, device):
         model = DraftModelProposer(draft, tokenizer=tokenizer, target_tokenizer=target_tokenizer)
     if model is None:
         return None
-    return [model, PromptLookup()] if args.lookup else model
+    return [model, *retrieval_parts(args.retrieval)] if args.lookup else model
 
 
 def count_new(row, prompt_len: int, eos, pad) -> int:
@@ -281,6 +282,10 @@ def run_generate(args) -> int:
     return 0
 
 
+# headway.inference.hybrid's RETRIEVAL_PARTS, its DEFAULT_RETRIEVAL first (spelled out: --help imports no torch)
+RETRIEVAL_PARTS = ("suffix", "lookup", "lookup+suffix", "choice")
+
+
 def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text with a drafter (lossless speculative decoding)",
                        description="Generate text from a target model, speculatively with a drafter.",
@@ -294,8 +299,12 @@ def add_generate(sub) -> None:
                      help="lookahead decoding: the target drafts for itself (a Jacobi window and an n-gram pool)")
     how.add_argument("--draft-model", metavar="MODEL", help="a small causal LM sharing the target's tokenizer")
     p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --drafter or --draft-model: merge prompt lookup's copied branch into the drafter's tree "
-                        "each round (one hybrid drafter, one verification pass)")
+                   help="with --drafter or --draft-model: merge retrieval's copied branch (--retrieval) into the "
+                        "drafter's tree each round (one hybrid drafter, one verification pass)")
+    p.add_argument("--retrieval", choices=RETRIEVAL_PARTS, default="suffix",
+                   help="the hybrid's retrieval part: suffix (suffix decoding over the prompt and the answer so far), "
+                        "lookup (prompt lookup), lookup+suffix (both), choice (one of the two each round, the one "
+                        "that would have been accepted more so far)")
     p.add_argument("--tree", help="auto (the default: each round verify the part of the drafter's tree that pays "
                                   "under the target's measured cost curve, down to a plain step), default (the "
                                   "drafter's own tree, every round), a shipped tree name (chain-4, tree-15, ...), a "

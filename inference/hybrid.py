@@ -214,3 +214,26 @@ def own_sources(draft: Draft, source: int) -> list:
     if draft.sources is None:
         return [source] * draft.tree.size
     return [(source, s) for s in draft.sources]
+
+
+# The retrieval parts a model drafter's hybrid can carry, by name (``headway generate --retrieval``, ``headway bench
+# --hybrid-retrieval``). Suffix decoding is the default: on the eight task groups (BENCHMARKS.md, issue 20) it keeps
+# the hybrid within 3% of the best single method on every group, where prompt lookup falls behind on documents.
+RETRIEVAL_PARTS = ("suffix", "lookup", "lookup+suffix", "choice")
+DEFAULT_RETRIEVAL = "suffix"
+
+
+def retrieval_parts(kind: str = DEFAULT_RETRIEVAL) -> list[Proposer]:
+    """Fresh retrieval drafters of ``kind``: "suffix" (suffix decoding over this request's prompt and output),
+    "lookup" (prompt lookup), "lookup+suffix" (both, merged), "choice" (one of the two each round: the one that
+    would have been accepted more so far in the request, ``RetrievalChoice``)."""
+    from headway.inference.prompt_lookup import PromptLookup
+    from headway.inference.retrieval_choice import RetrievalChoice
+    from headway.inference.suffix_decoding import SuffixDecoding
+
+    parts = {"suffix": lambda: [SuffixDecoding(cross_request=False)], "lookup": lambda: [PromptLookup()],
+             "lookup+suffix": lambda: [PromptLookup(), SuffixDecoding(cross_request=False)],
+             "choice": lambda: [RetrievalChoice([SuffixDecoding(cross_request=False), PromptLookup()])]}
+    if kind not in parts:
+        raise ValueError(f"unknown retrieval part {kind!r}; choose one of {list(RETRIEVAL_PARTS)}")
+    return parts[kind]()

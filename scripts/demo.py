@@ -52,7 +52,7 @@ SIZES = {  # prompts, new tokens per answer, Medusa epochs, EAGLE-3 epochs and d
     # 0.281 / 0.244 on its held-out answers, packaged 0.461 / 0.420 / 0.399) but the task groups gain (BENCHMARKS.md)
     # for a run of about 25 minutes (1,393 s measured, model and cost curve cached): first turns of at most 1,000 characters, batches sorted by prompt length
     # (self-distillation 743 s -> 498 s at 2,000 characters), 7 EAGLE-3 epochs (10 gave top-1 0.335 / 0.281 / 0.244
-    # in 580 s, 7 gave 0.319 / 0.267 / 0.226 in 417 s), and a benchmark of the trained drafters (auto, auto + lookup)
+    # in 580 s, 7 gave 0.319 / 0.267 / 0.226 in 417 s), and a benchmark of the trained drafters (auto, auto + suffix)
     # beside transformers' prompt lookup, one prompt per group
     "quick": dict(prompts=400, max_new_tokens=96, epochs=5, eagle_epochs=7, draft_vocab=4096, bench_prompts=2,
                   copy_prompts=1, source="sharegpt"),

@@ -224,11 +224,13 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == greedy_text(tiny_target, 20) + "\n"
     assert stats_line(captured.err).startswith("tau 5.00 (20 new tokens in 4 target passes)"), captured.err
-    # the same with MKL's GEMM as loaded (the default prepacks the float32 CPU target's linears), without prompt
-    # lookup merged into the draft model's tree (--no-lookup), and with CUDA graphs asked for or off (a CPU: no-op)
-    for flag in ("--no-pack-linears", "--no-lookup", "--cuda-graphs", "--no-cuda-graphs"):
+    # the same with MKL's GEMM as loaded (the default prepacks the float32 CPU target's linears), without retrieval
+    # merged into the draft model's tree (--no-lookup), with prompt lookup or the choice as the hybrid's retrieval
+    # part instead of suffix decoding, and with CUDA graphs asked for or off (a CPU: no-op)
+    for flag in (["--no-pack-linears"], ["--no-lookup"], ["--retrieval", "lookup"], ["--retrieval", "choice"],
+                 ["--cuda-graphs"], ["--no-cuda-graphs"]):
         assert main(["generate", "--model", str(tiny_target), "--draft-model", str(tiny_target), "--prompt", PROMPT,
-                     "--max-new-tokens", "20", "--device", "cpu", "--tree", "default", flag]) == 0
+                     "--max-new-tokens", "20", "--device", "cpu", "--tree", "default", *flag]) == 0
         captured = capsys.readouterr()
         assert captured.out == greedy_text(tiny_target, 20) + "\n" and "tau 5.00" in captured.err, (flag, captured.err)
     # lookahead decoding: the target drafts for itself, the same text
@@ -240,6 +242,33 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
     capsys.readouterr()
     assert main(["generate", "--model", str(tiny_target), "--chat-file", str(chat)]) == 2
     assert capsys.readouterr().err.startswith("error: unknown role 'wizard'")
+
+
+def test_a_model_drafter_gets_suffix_decoding_beside_it_by_default():
+    """headway generate --drafter/--draft-model: a hybrid with the retrieval part --retrieval names (suffix decoding
+    by default, as headway bench's --hybrid-retrieval); the command line spells the parts out (its --help imports no
+    torch) and they are the runtime's."""
+    from headway import cli
+    from headway.inference import DraftModelProposer, PromptLookup, RetrievalChoice, SuffixDecoding
+    from headway.inference.hybrid import DEFAULT_RETRIEVAL, RETRIEVAL_PARTS
+
+    assert cli.RETRIEVAL_PARTS == RETRIEVAL_PARTS and cli.RETRIEVAL_PARTS[0] == DEFAULT_RETRIEVAL == "suffix"
+    parser = cli.build_parser()
+    model = DraftModelProposer.__new__(DraftModelProposer)  # stands for the loaded draft model (not called)
+    want = {"suffix": [SuffixDecoding], "lookup": [PromptLookup], "lookup+suffix": [PromptLookup, SuffixDecoding],
+            "choice": [RetrievalChoice]}
+    for extra, kinds in [([], want["suffix"])] + [(["--retrieval", k], v) for k, v in want.items()]:
+        args = parser.parse_args(["generate", "--draft-model", "m", "--prompt", "hi", *extra])
+        assert args.retrieval == (extra[1] if extra else "suffix")
+        from unittest import mock
+
+        with mock.patch("headway.heads.target.load_target", return_value=(None, None)), \
+                mock.patch("headway.inference.DraftModelProposer", return_value=model):
+            drafter = cli.build_drafter(args, None, "cpu")
+        assert drafter[0] is model and [type(d) for d in drafter[1:]] == kinds, extra
+        assert all(not d.cross_request for d in drafter[1:] if isinstance(d, SuffixDecoding))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--draft-model", "m", "--prompt", "hi", "--retrieval", "trie"])
 
 
 def test_generate_several_prompts_as_one_batch(tiny_target, capsys):

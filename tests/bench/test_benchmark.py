@@ -122,8 +122,8 @@ def test_layerskip_peagle_and_dflash_run_their_chains_and_auto_with_identical_ou
             "--out", str(tmp_path / "out")]
     results = benchmark.main(args)
     rows = {name for per in results.values() for name in per}
-    assert {"layerskip E=1 chain", "layerskip E=1 auto", "peagle K=3 chain", "peagle K=3 auto + lookup",
-            "dflash B=4 chain", "dflash B=4 auto + lookup"} <= rows
+    assert {"layerskip E=1 chain", "layerskip E=1 auto", "peagle K=3 chain", "peagle K=3 auto + suffix",
+            "dflash B=4 chain", "dflash B=4 auto + suffix", "dflash B=4 dynamic"} <= rows
     assert all(s["identical"] for per in results.values() for s in per.values())
     with pytest.raises(SystemExit):  # an EAGLE folder passed as --layerskip: one line, before the model loads
         benchmark.main(args[:4] + ["--layerskip", str(tmp_path / "e")] + args[10:])
