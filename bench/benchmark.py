@@ -382,8 +382,9 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
                         "default: --hybrid-retrieval)")
     p.add_argument("--hybrid-retrieval", default=DEFAULT_RETRIEVAL,
                    help=f"the retrieval drafters each hybrid row merges, one row each, of {list(RETRIEVAL_PARTS)} "
-                        "(the default suffix: suffix decoding within the request; lookup: prompt lookup; lookup+suffix: both merged; choice: one of the "
-                        "two each round, the one that would have been accepted more so far)")
+                        "(the default suffix: suffix decoding within the request; lookup: prompt lookup; "
+                        "lookup+suffix: both merged; choice: one of the two each round, the one that would have been "
+                        "accepted more so far)")
     p.add_argument("--pack-linears", action=argparse.BooleanOptionalAction, default=True,
                    help="float32 CPU target: prepack its linear weights for multi-row passes (verification, prefill; "
                         "one-row plain decoding keeps its kernel), see headway.inference.cpu_gemm; no-op elsewhere")
