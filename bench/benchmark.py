@@ -129,7 +129,8 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
     """name -> ("hf", generate kwargs) or ("headway", SpeculativeGenerator), for the chosen families;
     ``lookup``: each trained drafter also as a hybrid with prompt lookup ("... + lookup"; True) or with each
     retrieval drafter named (("lookup", "suffix"): "... + suffix" merges suffix decoding); ``one_pass``: {kind: folders}
-    of ``ONE_PASS_KINDS`` (P-EAGLE, DFlash, LayerSkip), each run as its own chain and with tree="auto"."""
+    of ``ONE_PASS_KINDS`` (P-EAGLE, DFlash, LayerSkip), each run as its own chain and with tree="auto" (DFlash also
+    with an EAGLE-2 dynamic tree over its block: "... dynamic")."""
     out = {"plain": ("hf", {})}
     if "hf-lookup" in families:
         out["hf prompt lookup (10)"] = ("hf", {"prompt_lookup_num_tokens": 10})

@@ -10,7 +10,8 @@ from headway.heads.base import read_config_file, resolve_folder
 DEMO_HEADS = str(Path("outputs", "demo", "quick", "heads"))  # make demo's Medusa heads, relative to the current folder
 DRAFTER_KINDS = {"medusa": "Medusa heads", "eagle": "an EAGLE drafter", "peagle": "a P-EAGLE drafter",
                  "dflash": "a DFlash drafter", "layerskip": "a LayerSkip exit head"}
-# kinds benchmarked as their own chain and tree="auto" (--peagle, --dflash, --layerskip: repeatable folders)
+# kinds benchmarked as their own chain and tree="auto", DFlash also with a dynamic tree (--peagle, --dflash,
+# --layerskip: repeatable folders)
 ONE_PASS_KINDS = ("peagle", "dflash", "layerskip")
 
 

@@ -9,9 +9,10 @@ chain by default; a static tree takes its depth-d candidates from slot d's top-k
 (sampling, each node's children drawn from q of its depth: the slots do not read the drawn tokens, so
 the verifier's q is exactly what was drawn from and sampling stays exact). ``tree="auto"`` may cut it. An EAGLE-2
 dynamic tree (``tree={"depth": d, "top_k": k, "total_tokens": n}``) grows over the same rows: every depth-d node's
-children are the top-k of slot d's row, the frontier the k best paths by cumulative log-probability, the n best
-nodes kept (``grow_dynamic_tensors``: tensor ops, one read for the kept tree; candidates deterministic, verified
-as one-hot drafts in greedy and sampled decoding alike), at no drafter cost beyond the block's one pass.
+children are the top-k of slot d + 1's row (the row that scores depth d + 1), the frontier the k best paths by
+cumulative log-probability, the n best nodes kept (``grow_dynamic_tensors``: tensor ops, one read for the kept
+tree; candidates deterministic, verified as one-hot drafts in greedy and sampled decoding alike), at no drafter
+cost beyond the block's one pass.
 """
 
 from __future__ import annotations
