@@ -67,7 +67,8 @@ def test_a_batch_equals_its_rows_alone(family, heads, tree):
 
 def test_a_dynamic_tree_is_eagle2s_rule_over_the_blocks_rows(family, heads):
     """The dynamic tree is EAGLE-2's (the host growth, ``expand_dynamic``) with every depth-d node's children
-    scored by slot d + 1's row (block_logits' row d), from the one block pass; every kept node is among its depth's top-k."""
+    scored by slot d + 1's row (block_logits' row d), from the one block pass; every kept node is among its
+    depth's top-k."""
     from headway.inference.expand import DynamicTree, expand_dynamic
     from headway.inference.proposer import DraftContext
 
