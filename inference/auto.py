@@ -322,9 +322,7 @@ class AutoTree:
             self._draft_steps = self.draft_cost
         elif not timed:
             self._draft_steps = 0.0
-        if isinstance(draft.scores, torch.Tensor) and draft.q is None:  # one read here, not one per use (a sampled
-            # draft's scores are never read: see _conds)
-            draft = dataclasses.replace(draft, scores=draft.score_list())
+        draft = host_scored(draft)  # one read here, not one per use
         keep, self.rate = self._best(draft, prefix_len, self._draft_steps)
         return prune(draft, keep)
 
@@ -354,6 +352,14 @@ class AutoTree:
         elif gate is None or gate.drafted:  # the drafter (or the hybrid's model part, alone) drafted
             lost = self.rate < 1.0 and self._draft_steps > CHEAP_DRAFT
             self.drafter_backoff.lost() if lost else self.drafter_backoff.paid()
+
+
+def host_scored(draft: Draft) -> Draft:
+    """``draft`` with the scores a drafter left on the device read to the host (one read); a sampled draft as it is,
+    its scores never read (``AutoTree._conds`` judges it by the root's row of q)."""
+    if draft.q is None and isinstance(draft.scores, torch.Tensor):
+        return dataclasses.replace(draft, scores=draft.score_list())
+    return draft
 
 
 def prune(draft: Draft, keep: list[int]) -> Draft:
