@@ -3,6 +3,8 @@
     python scripts/batch_bench.py                                # prompt lookup, batch 1, 2, 4, 8
     python scripts/batch_bench.py --batches 1,4 --prompts 8 --max-new-tokens 64 [--heads DIR] [--eagle DIR]
 
+(--eagle adds EAGLE alone and EAGLE with suffix decoding merged, the hybrid ``headway generate`` runs.)
+
 Task-diverse prompts (``headway.bench.task_prompts``: one group after another, cycling) are cut into
 batches of B and left-padded as a tokenizer pads them for ``generate``; for each batch plain greedy
 ``target.generate`` and each speculative method run in turn, the order reversed on every other batch.
@@ -27,6 +29,7 @@ from headway.heads.target import DEFAULT_MODEL, load_target
 from headway.inference import PromptLookup, SpeculativeGenerator
 from headway.inference.cost_curve import sync as sync_device
 from headway.inference.cpu_gemm import pack_linears
+from headway.inference.hybrid import DEFAULT_RETRIEVAL, retrieval_parts
 from headway.inference.inputs import context_length
 
 DEFAULT_GROUPS = ("chat", "code", "translate", "math", "copy", "multi-turn")  # short prompts: many fit a batch
@@ -123,7 +126,9 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
         methods["medusa"] = SpeculativeGenerator(target, load_drafter(args.heads), tree=args.tree)
     if args.eagle:
         methods["eagle"] = SpeculativeGenerator(target, load_drafter(args.eagle), tree=args.tree)
-        methods["eagle+lookup"] = SpeculativeGenerator(target, [load_drafter(args.eagle), PromptLookup()], tree=args.tree)
+        # the hybrid headway generate runs: the default retrieval part (suffix decoding) beside EAGLE
+        methods[f"eagle+{DEFAULT_RETRIEVAL}"] = SpeculativeGenerator(
+            target, [load_drafter(args.eagle), *retrieval_parts()], tree=args.tree)
     for gen in methods.values():
         gen.prepare()  # tree="auto": the cost curve is measured (once, cached) before any timing
     names = ["plain", *methods]

@@ -200,7 +200,7 @@ def build_drafter(args, target_tokenizer, device):
         model = DraftModelProposer(draft, tokenizer=tokenizer, target_tokenizer=target_tokenizer)
     if model is None:
         return None
-    return [model, *retrieval_parts(args.retrieval)] if args.lookup else model
+    return [model, *retrieval_parts(args.retrieval or RETRIEVAL_PARTS[0])] if args.lookup else model
 
 
 def count_new(row, prompt_len: int, eos, pad) -> int:
@@ -224,6 +224,9 @@ def run_generate(args) -> int:
     # bad input fails before any model loads: the same settings checks for plain and speculative decoding
     if args.tree and not (args.drafter or args.prompt_lookup or args.draft_model or args.lookahead):
         raise ValueError("--tree needs a drafter: add --drafter, --prompt-lookup, --lookahead or --draft-model")
+    if args.retrieval is not None and not ((args.drafter or args.draft_model) and args.lookup):
+        raise ValueError("--retrieval chooses the retrieval part merged beside a model drafter: it needs --drafter or "
+                         "--draft-model, without --no-lookup (--prompt-lookup and --lookahead draft alone)")
     check_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     device = resolve_device(args.device)
     if args.drafter:
@@ -301,10 +304,10 @@ def add_generate(sub) -> None:
     p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
                    help="with --drafter or --draft-model: merge retrieval's copied branch (--retrieval) into the "
                         "drafter's tree each round (one hybrid drafter, one verification pass)")
-    p.add_argument("--retrieval", choices=RETRIEVAL_PARTS, default="suffix",
-                   help="the hybrid's retrieval part: suffix (suffix decoding over the prompt and the answer so far), "
-                        "lookup (prompt lookup), lookup+suffix (both), choice (one of the two each round, the one "
-                        "that would have been accepted more so far)")
+    p.add_argument("--retrieval", choices=RETRIEVAL_PARTS,
+                   help="the hybrid's retrieval part: suffix (the default: suffix decoding over the prompt and the "
+                        "answer so far), lookup (prompt lookup), lookup+suffix (both), choice (one of the two each "
+                        "round, the one that would have been accepted more so far)")
     p.add_argument("--tree", help="auto (the default: each round verify the part of the drafter's tree that pays "
                                   "under the target's measured cost curve, down to a plain step), default (the "
                                   "drafter's own tree, every round), a shipped tree name (chain-4, tree-15, ...), a "

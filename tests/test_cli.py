@@ -259,7 +259,7 @@ def test_a_model_drafter_gets_suffix_decoding_beside_it_by_default():
             "choice": [RetrievalChoice]}
     for extra, kinds in [([], want["suffix"])] + [(["--retrieval", k], v) for k, v in want.items()]:
         args = parser.parse_args(["generate", "--draft-model", "m", "--prompt", "hi", *extra])
-        assert args.retrieval == (extra[1] if extra else "suffix")
+        assert args.retrieval == (extra[1] if extra else None)  # None: the default, suffix decoding
         from unittest import mock
 
         with mock.patch("headway.heads.target.load_target", return_value=(None, None)), \
@@ -269,6 +269,17 @@ def test_a_model_drafter_gets_suffix_decoding_beside_it_by_default():
         assert all(not d.cross_request for d in drafter[1:] if isinstance(d, SuffixDecoding))
     with pytest.raises(SystemExit):
         parser.parse_args(["generate", "--draft-model", "m", "--prompt", "hi", "--retrieval", "trie"])
+
+
+@pytest.mark.parametrize("how", [["--draft-model", "m", "--no-lookup"], ["--prompt-lookup"], ["--lookahead"], []])
+def test_retrieval_where_it_would_be_ignored_is_refused(how, capsys):
+    """--retrieval only shapes the hybrid a model drafter runs in: with --no-lookup, a drafter that drafts alone, or
+    no drafter, it would be ignored, so it is a one-line error before any model loads."""
+    from headway.cli import main
+
+    assert main(["generate", "--prompt", "hi", "--retrieval", "lookup", *how]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --retrieval chooses the retrieval part") and err.count("\n") == 1, err
 
 
 def test_generate_several_prompts_as_one_batch(tiny_target, capsys):

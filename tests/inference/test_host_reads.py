@@ -30,7 +30,8 @@ def drafter_of(kind, target):
                                              ("peagle", None, 1), ("dflash", None, 1), ("dflash", "tree-7", 1),
                                              ("layerskip", None, 1), ("draft-model", "chain-3", 1),
                                              ("draft-model", "tree-7", 1), ("lookahead", None, 1), ("suffix", None, 1),
-                                             ("eagle3+lookup", "tree-7", 2)])  # merging the drafts reads them
+                                             ("eagle3+lookup", "tree-7", 2),
+                                             ("eagle3+suffix", "tree-7", 2)])  # merging the drafts reads them
 def test_a_greedy_round_reads_the_device_once(tiny_llama, kind, tree, reads):
     target = tiny_llama[0]
     drafter = drafter_of(kind, target)
