@@ -124,8 +124,8 @@ class DFlashProposer(Proposer):
             return root_only(ctx)
         logits = self.block_logits(ctx, depth)  # [depth, V']
 
-        def feed(tokens, parent_rows, level, allowed):  # the frontier's rows at depth ``level``: that slot's logits
-            return logits[level].expand(tokens.shape[0], -1)
+        def feed(tokens, parent_rows, level, allowed):  # every frontier row at depth ``level``: that slot's logits,
+            return logits[level][None]  # [1, V'], scored once for all of them
 
         return expand_dynamic_tensors(tree, depth, ctx.root_token, logits[0], feed, self.head.to_target_ids)
 

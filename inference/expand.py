@@ -322,7 +322,8 @@ def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int,
                          to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x
                          ) -> Generator[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor] | HostRead, object, Draft]:
     """``expand_dynamic`` as tensor ops with fixed shapes: no read until the kept tree, which is one. A generator:
-    it yields each feed's ``FeedRows`` arguments (tokens, parent_rows, depth, allowed), is sent their logits [R, V'],
+    it yields each feed's ``FeedRows`` arguments (tokens, parent_rows, depth, allowed), is sent their logits [R, V']
+    (or [1, V']: one row every node of the level shares, scored once: DFlash's slot of that depth),
     then yields the kept tree's ``HostRead``, is sent its list, and returns the Draft (a batch runs its rows' feeds
     together, and their reads as one).
 
@@ -343,12 +344,13 @@ def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int,
     allowed = torch.zeros((1, 0), dtype=torch.bool, device=device)  # [R, F] the rows' fed ancestors-or-self
     logits = root_logits[None]
     for level in range(depth):
-        logp = logits.float().log_softmax(-1)  # [R, V']
-        top = vocab_reduce.topk(logp, min(k, logp.shape[-1]))  # [R, k']
-        width = top.indices.shape[1]
-        cum = top.values + score[frontier][:, None]  # [R, k']
+        logp = logits.float().log_softmax(-1)  # [R, V'] (or [1, V'] shared by the R rows)
+        top = vocab_reduce.topk(logp, min(k, logp.shape[-1]))  # [R or 1, k']
+        values, indices = top.values.expand(frontier.shape[0], -1), top.indices.expand(frontier.shape[0], -1)
+        width = indices.shape[1]
+        cum = values + score[frontier][:, None]  # [R, k']
         base = tokens.shape[0]
-        tokens = torch.cat([tokens, to_target(top.indices).flatten()])
+        tokens = torch.cat([tokens, to_target(indices).flatten()])
         parents = torch.cat([parents, frontier.repeat_interleave(width)])
         depths = torch.cat([depths, depths.new_full((cum.numel(),), level + 1)])
         score = torch.cat([score, cum.flatten()])
