@@ -165,8 +165,9 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
             what = {"layerskip": "E={}", "peagle": "K={}", "dflash": "B={}"}[kind].format(
                 getattr(c, {"layerskip": "exit_layer", "peagle": "parallel_depths", "dflash": "block_size"}[kind]))
             label = f"{kind} {what}" + (f" ({Path(folder).name})" if len(folders) > 1 else "")
+            own = f"chain-{c.block_size - 1}" if kind == "dflash" else None  # (DFlash's default is a dynamic tree)
             for suffix, drafter in with_lookup(head, lookup if kind != "layerskip" else False):
-                out[f"{label} chain{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree=None))
+                out[f"{label} chain{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree=own))
                 out[f"{label} auto{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree="auto"))
                 if kind == "dflash":  # EAGLE-2's dynamic tree over the block's rows (as EAGLE's CPU default: 7 nodes)
                     out[f"{label} dynamic{suffix}"] = ("headway", SpeculativeGenerator(target, drafter, tree={

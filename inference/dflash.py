@@ -4,15 +4,19 @@ Each draft layer keeps the context's keys and values: the fused target features 
 position, fed once (a round feeds the positions accepted since the last one, the catch-up). A round
 then runs one block: the root (the last accepted token, at position L-1) and B - 1 mask tokens at
 L .. L+B-2, every one seeing the whole context and the whole block; slot k's distribution is the
-drafter's for depth k. The block's entries are cropped off the caches afterwards. The draft is a
-chain by default; a static tree takes its depth-d candidates from slot d's top-k (greedy) or draws
-(sampling, each node's children drawn from q of its depth: the slots do not read the drawn tokens, so
-the verifier's q is exactly what was drawn from and sampling stays exact). ``tree="auto"`` may cut it. An EAGLE-2
-dynamic tree (``tree={"depth": d, "top_k": k, "total_tokens": n}``) grows over the same rows: every depth-d node's
-children are the top-k of slot d + 1's row (the row that scores depth d + 1), the frontier the k best paths by
-cumulative log-probability, the n best nodes kept (``grow_dynamic_tensors``: tensor ops, one read for the kept
-tree; candidates deterministic, verified as one-hot drafts in greedy and sampled decoding alike), at no drafter
-cost beyond the block's one pass.
+drafter's for depth k. The block's entries are cropped off the caches afterwards.
+
+The default tree is EAGLE-2's dynamic tree over the block's rows (depth B - 1, top-4, 7 nodes, as
+EAGLE's CPU default; ``tree={"depth": d, "top_k": k, "total_tokens": n}`` sets it): every depth-d
+node's children are the top-k of slot d + 1's row (the row that scores depth d + 1), the frontier the
+k best paths by cumulative log-probability, the n best nodes kept (``grow_dynamic_tensors``: tensor
+ops, one read for the kept tree; candidates deterministic, verified as one-hot drafts in greedy and
+sampled decoding alike), at no drafter cost beyond the block's one pass. ``tree="auto"`` cuts it per
+round (the eight task groups, 3 prompts x 2 repeats, BENCHMARKS.md: 1.09x plain on average against
+1.01x cutting the block's chain, ahead of it in every group). A static tree (a chain, ``tree-7``, ...)
+takes its depth-d candidates from slot d's top-k (greedy) or draws (sampling, each node's children
+drawn from q of its depth: the slots do not read the drawn tokens, so the verifier's q is exactly what
+was drawn from and sampling stays exact).
 """
 
 from __future__ import annotations
@@ -27,12 +31,12 @@ from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.eagle import bind_head
 from headway.inference.expand import DynamicTree, expand_dynamic_tensors, expand_static
 from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only
-from headway.inference.tree import Tree, chain
+from headway.inference.tree import Tree
 
 
 class DFlashProposer(Proposer):
-    """Wraps a ``DFlashHead``; default tree: a chain of its ``block_size - 1`` tokens. It has no ``probe``
-    (its catch-up feeds contexts and scores nothing): under ``tree="auto"`` a round is tried instead."""
+    """Wraps a ``DFlashHead``; default tree: EAGLE-2's dynamic tree over the block (``default_tree``). It has no
+    ``probe`` (its catch-up feeds contexts and scores nothing): under ``tree="auto"`` a round is tried instead."""
 
     def __init__(self, head: DFlashHead):
         self.head = head.eval()
@@ -51,8 +55,9 @@ class DFlashProposer(Proposer):
         self._caches = [DraftCache() for _ in self.head.layers]  # per draft layer: the context's k/v
         self._seen = 0  # context positions in the caches (0 .. seen-1)
 
-    def default_tree(self) -> Tree:
-        return chain(self.block - 1)
+    def default_tree(self) -> DynamicTree:
+        """Depth B - 1 (the block's every slot), top-4, 7 nodes: one block pass drafts it."""
+        return DynamicTree(depth=self.block - 1, top_k=4, total_tokens=7)
 
     def resolve_tree(self, spec):
         """A static tree as every drafter's, or EAGLE-2 dynamic settings (a dict or a ``DynamicTree``) of depth at
@@ -101,9 +106,9 @@ class DFlashProposer(Proposer):
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
-        if isinstance(ctx.tree, DynamicTree):
-            return self._dynamic(ctx, ctx.tree)
-        tree = ctx.tree if isinstance(ctx.tree, Tree) else self.default_tree()
+        tree = ctx.tree if ctx.tree is not None else self.default_tree()
+        if isinstance(tree, DynamicTree):
+            return self._dynamic(ctx, tree)
         tree = tree.truncate(ctx.max_depth)
         if not self._catch_up(ctx) or tree.size == 1:
             return root_only(ctx)

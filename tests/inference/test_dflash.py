@@ -8,6 +8,7 @@ import torch
 
 from headway.heads.dflash import DFlashHead
 from headway.inference import SpeculativeGenerator
+from headway.inference.expand import DynamicTree
 from tests.inference.spec_utils import assert_batch_equals_rows
 
 
@@ -32,14 +33,14 @@ def dflash_for(family, heads, vocab=None):
 DYNAMIC = {"depth": 3, "top_k": 2, "total_tokens": 5}
 
 
-@pytest.mark.parametrize("tree, vocab", [(None, None), ("auto", None), ("chain-2", None), ("tree-7", None),
+@pytest.mark.parametrize("tree, vocab", [(None, None), ("auto", None), ("chain-3", None), ("tree-7", None),
                                          (DYNAMIC, None), (None, 60), ("tree-7", 60), (DYNAMIC, 60)])
 def test_greedy_equals_generate(family, heads, tree, vocab):
     gen = SpeculativeGenerator(family.target, dflash_for(family, heads, vocab), tree=tree)
     for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:12]):
         out = gen.generate(prompt, max_new_tokens=max_new)
         assert torch.equal(out.sequences, ref), f"{family.name}: prompt {i} differs from generate"
-        if tree is None and i == 0:
+        if tree == "chain-3" and i == 0:
             assert max(out.stats.draft_depth_per_step) == 3  # the whole block's B - 1 slots, from one pass
 
 
@@ -52,6 +53,7 @@ def test_one_block_per_round_and_the_context_only_stays(family, heads, monkeypat
     monkeypatch.setattr(DFlashHead, "forward", lambda self, ids, positions, contexts, attention_mask=None:
                         calls.append(ids.shape[1]) or real(self, ids, positions, contexts, attention_mask))
     gen = SpeculativeGenerator(family.target, head, tree=None)
+    assert gen.tree == DynamicTree(depth=3, top_k=4, total_tokens=7)  # the default: EAGLE-2's over the block's slots
     out = gen.generate(family.prompts[1], max_new_tokens=20)
     drafted = [d for d in out.stats.draft_depth_per_step if d > 0]
     assert calls and set(calls) == {4} and len(calls) == len(drafted)
