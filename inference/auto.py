@@ -7,12 +7,15 @@ probabilities of a static tree, Medusa heads' top-k probabilities multiplied alo
 suffix decoding's continuation frequencies, prompt lookup's n-gram length) calibrated against the
 acceptance seen so far: per drafter (a hybrid's parts apart), per depth and per band of the
 drafter's conditional estimate, a node's chance given its parent is the share of such nodes
-accepted, shrunk towards the drafter's own figure while few were tried. Sampled candidates are the
-exception: their shape is judged only by what was known before they were drawn (the root's row of q,
-the nodes' ranks and depths, the acceptance seen so far), never by what was drawn, or the verified
-tree would favour the drafter's likely draws and the output would no longer be the target's
-(``AutoTree._conds``). Keeping the k best nodes
-(best first, each below a kept parent, siblings in their rank order) promises
+accepted, shrunk towards the drafter's own figure while few were tried; a new request counts the
+earlier requests' evidence as at most ``CELL_CAP`` tries a cell (its share kept), so a request on
+text of another kind recalibrates within a few rounds (measured: EAGLE-3 on chat right after
+translation, 1.07x plain without the cap and the shorter wait below, 1.32x with them, 1.38x fresh).
+Sampled candidates are the exception: their shape is judged only by what was known before they were
+drawn (the root's row of q, the nodes' ranks and depths, the acceptance seen so far), never by what
+was drawn, or the verified tree would favour the drafter's likely draws and the output would no
+longer be the target's (``AutoTree._conds``). Keeping the k best nodes (best first, each below a
+kept parent, siblings in their rank order) promises
 
     E(k) = 1 + sum of the k scores                  new tokens (the bonus token included)
 
@@ -22,11 +25,19 @@ curve (``headway.inference.cost_curve``) as corrected by the passes timed during
 has been timed), t_draft this round's drafting time. The k with the best ratio is verified, k = 0
 being a plain step.
 
+A pass costs what its width costs, and the width need not be the node count: for one sequence
+(``pad_cheapest``; a batch's rows share one pass) a pass is padded to the cheapest width up to MAX_PAD
+at least as wide, where the corrected curve says that saves more than 1 - PAD_GAIN of it, and each k
+is priced at that width. On a CPU target with prepacked linears (``headway.inference.cpu_gemm``) a
+one-token step keeps the unpacked kernel and a pass of 4-6 tokens measured 0.90-0.94 of it, so a
+plain step then runs as the root and its padding (dropped from the cache, as a tree's padding is),
+cheaper than ``generate``'s own step; a step timed to correct t(1) runs unpadded.
+
 When even the best k is slower than plain decoding once the drafting is paid for, the next rounds
 skip the drafter (plain steps, its features kept for it), then try it again, waiting twice as long
 each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request tries it at once,
-keeping the wait it had reached, or tests it once it has made ``PROBE_AFTER`` tokens when it can be
-probed and lost lately). A drafter that can
+its next wait at most ``REQUEST_WAIT``, or tests it once it has made ``PROBE_AFTER`` tokens when it
+can be probed and lost lately). A drafter that can
 be tested without a target pass (``Proposer.probe``: EAGLE's and Medusa's first guesses after the
 last ``PROBE_ROWS`` positions, scored against the tokens that followed) is probed before it is tried
 again (greedy decoding): the guesses count as tried depth-1 nodes of their calibration cells, and the
@@ -66,11 +77,15 @@ DEPTHS = 4  # calibration cells per depth 1, 2, 3, and 4 or deeper
 CHEAP_DRAFT = 0.02  # a drafter costing under this share of a step is never skipped (retrieval)
 RETRIEVAL_BANDS = (1.2, 1.6, 2.2)  # retrieval's own tokens per step: a hybrid's model part backs off per band
 COST_DECAY = 0.8  # weight of the past in the drafting cost a round (the last few drafted rounds count)
+REQUEST_WAIT = 4  # a new request: a drafter that lost waits at most this long again after its next loss
+CELL_CAP = 4.0  # a new request: each calibration cell's evidence weighs at most this many tries (its share kept)
 PROBE_ROWS = 8  # positions a drafter that lost is tested on (``Proposer.probe``) before a round is tried again
 PROBE_AFTER = 4  # a new request: rounds a drafter that lost lately sits out first (answer tokens to test it on)
 PLAIN_PASSES = 4  # one-token passes timed before t(1)'s correction is trusted; until then every
 PLAIN_EVERY = 8  # PLAIN_EVERY-th round is a plain step, while drafting pays less than
 PLAIN_BELOW = 1.5  # this many tokens per step (above it, t(1)'s error cannot turn the choice)
+MAX_PAD = 8  # one sequence: a pass is padded to the cheapest width up to this many tokens (``AutoTree.width``)
+PAD_GAIN = 0.97  # ... when it costs under this share of the narrower pass (prepacked CPU linears: 4-6 rows ~0.9)
 
 
 class Backoff:
@@ -113,6 +128,9 @@ class AutoTree:
         self.cost = OnlineCost(curve)
         self.pad_to = pad_to  # the generator's padding of verification widths
         self.graphed = False  # passes captured in CUDA graphs: widths padded to powers of two (target_graphs)
+        self.pad_cheapest = False  # one sequence's passes run at the cheapest width at least as wide (``width``)
+        self.timing = False  # this round is a one-token step timed for t(1): run unpadded
+        self._widths: dict[tuple, int] = {}  # this round's padded widths (``width``), by (nodes, prefix, chain)
         # (source, depth, band) -> [accepted, tried]; source: Draft.sources' entry (an int, or a hybrid's (id, part))
         self.cells: dict[tuple, list[float]] = {}
         self.drafter_backoff = Backoff()  # the whole drafter (a hybrid: its model part when nothing was retrieved)
@@ -129,9 +147,33 @@ class AutoTree:
         self.draft_cost: float | None = None
         self.ranked: tuple[list[int], list[float]] = ([0], [1.0])  # the last select's nodes best first, and E(k)
 
-    def width(self, nodes: int) -> int:
-        """The width a pass over ``nodes`` nodes runs at (what it costs)."""
-        return graph_width(nodes) if self.graphed else verify_width(nodes, self.pad_to)
+    def width(self, nodes: int, prefix_len: int = 0, is_chain: bool = True) -> int:
+        """The width a pass over ``nodes`` nodes after ``prefix_len`` runs at (what it costs): a captured graph's
+        width, or the generator's padding (``pad_to``); with ``pad_cheapest`` (one sequence, not a batch) the
+        cheapest width up to MAX_PAD at least as wide, under the corrected cost curve, where it saves more than
+        1 - PAD_GAIN of the pass. (On a CPU target with prepacked linears a pass of 4-6 tokens measured 0.90-0.94
+        of a one-token step, whose single row keeps the unpacked kernel: a plain step padded to 6 is cheaper.)"""
+        if self.graphed:
+            return graph_width(nodes)
+        width = verify_width(nodes, self.pad_to)
+        if not self.pad_cheapest or width >= MAX_PAD:
+            return width
+        key = (width, prefix_len, is_chain)
+        if key not in self._widths:
+            cost = {w: self.cost.rel(w, prefix_len, is_chain) for w in range(width, MAX_PAD + 1)}
+            cheapest = min(cost, key=cost.get)
+            self._widths[key] = cheapest if cost[cheapest] < PAD_GAIN * cost[width] else width
+        return self._widths[key]
+
+    def pass_width(self, tree: Tree, prefix_len: int) -> int | None:
+        """The width the generator runs this round's pass over ``tree`` at (None: its own padding)."""
+        if not self.pad_cheapest or self.graphed or self.timing:
+            return None
+        return self.width(tree.size, prefix_len, tree.is_chain)
+
+    def plain_rate(self, prefix_len: int) -> float:
+        """A plain step's tokens per one-token step: 1, or more when its pass is padded to a cheaper width."""
+        return 1.0 / self.cost.rel(self.width(1, prefix_len), prefix_len, True)
 
     def fork(self, cost, pad_to: int) -> "AutoTree":
         """A controller for one row of a batch: this one's calibration (shared: every row's rounds teach it),
@@ -141,11 +183,15 @@ class AutoTree:
         return clone
 
     def reset(self) -> None:
-        """A new generate call: try the drafter at once (keeping how long it waits if it still loses; one
-        that can be probed is probed once the request has made PROBE_AFTER tokens)."""
+        """A new generate call, maybe on text of another kind: try the drafter at once (if it still loses, it
+        waits at most REQUEST_WAIT rounds, doubling from there; one that can be probed is probed once the request
+        has made PROBE_AFTER tokens), and count each calibration cell's evidence as at most CELL_CAP tries."""
         for backoff in (self.drafter_backoff, *self.model_backoff):
-            backoff.skip = 0
+            backoff.skip, backoff.wait = 0, min(backoff.wait, REQUEST_WAIT)
         self.made = self.probes = 0  # tokens made in this request; probes run
+        for stat in self.cells.values():  # the last requests' evidence counts as at most CELL_CAP tries here
+            if stat[1] > CELL_CAP:
+                stat[0], stat[1] = stat[0] * CELL_CAP / stat[1], CELL_CAP
 
     def wants_probe(self) -> bool:
         """This round tries again a drafter whose last try lost: a probe (``probed``) may decide instead."""
@@ -160,7 +206,8 @@ class AutoTree:
             return True, False
         return self._retest(lambda rows: proposer.probe(ctx, rows), ctx.tokens.shape[0])
 
-    def _retest(self, probe, prefix_len: int, backoff: Backoff | None = None, bar: float = 1.0) -> tuple[bool, bool]:
+    def _retest(self, probe, prefix_len: int, backoff: Backoff | None = None, bar: float | None = None
+                ) -> tuple[bool, bool]:
         """A drafter whose last try lost (its ``backoff``: the whole drafter's by default) tested before a round
         is tried, once the request has made PROBE_AFTER tokens to test it on: ``probe(rows)`` (None: no test,
         the round is tried). Returns (whether the round drafts, whether the probe ran)."""
@@ -171,11 +218,11 @@ class AutoTree:
             return True, False
         return self.probed(found, prefix_len, backoff=backoff, bar=bar), True
 
-    def probed(self, probe: Probe, prefix_len: int, backoff: Backoff | None = None, bar: float = 1.0) -> bool:
+    def probed(self, probe: Probe, prefix_len: int, backoff: Backoff | None = None, bar: float | None = None) -> bool:
         """Learn from a drafter's probe and say whether the round drafts after all: when a chain of first
-        guesses at their calibrated rate would make more than ``bar`` tokens per step, drafting paid for;
-        else it sits out longer (``backoff``: the whole drafter's by default)."""
-        if self._probe_rate(probe, 0, prefix_len) > bar:
+        guesses at their calibrated rate would make more than ``bar`` tokens per step (None: a plain step's),
+        drafting paid for; else it sits out longer (``backoff``: the whole drafter's by default)."""
+        if self._probe_rate(probe, 0, prefix_len) > (self.plain_rate(prefix_len) if bar is None else bar):
             return True
         (backoff or self.drafter_backoff).lost()
         return False
@@ -199,7 +246,7 @@ class AutoTree:
             acc, tried = map(sum, zip(*[v for key, v in self.cells.items() if key[:2] == (source, k)] or [(0.0, 0.0)]))
             reach *= a if k == 1 else (acc + PRIOR_WEIGHT * a) / (tried + PRIOR_WEIGHT)
             expected += reach
-            steps = self.cost.rel(self.width(k + 1), prefix_len, True) + (self.draft_cost or 0.0)
+            steps = self.cost.rel(self.width(k + 1, prefix_len), prefix_len, True) + (self.draft_cost or 0.0)
             best = max(best, expected / steps)
         return best
 
@@ -209,8 +256,11 @@ class AutoTree:
         drafts every round, as it does alone."""
         self.rounds += 1
         self._gate = None
+        self.timing = False
+        self._widths.clear()  # the curve's correction moved with the last pass
         if self.cost.plain_passes() < PLAIN_PASSES and self.rounds % PLAIN_EVERY == 0 and self.rate < PLAIN_BELOW:
-            return False  # time a one-token step: t(1) as generation sees it
+            self.timing = True
+            return False  # time a one-token step (unpadded): t(1) as generation sees it
         return gated or not self.drafter_backoff.take()
 
     def gate(self, retrieval: Draft, seconds: float, prefix_len: int, probe=None) -> bool:
@@ -227,7 +277,7 @@ class AutoTree:
         backoff = self.drafter_backoff if band is None else self.model_backoff[band]
         drafted = not backoff.take()
         if drafted and probe is not None and backoff.wait > 1:  # its chain must beat retrieval alone
-            drafted, probed = self._retest(probe, prefix_len, backoff, max(1.0, rate))
+            drafted, probed = self._retest(probe, prefix_len, backoff, max(self.plain_rate(prefix_len), rate))
             if probed and not drafted:  # the probe judged the drafter, not the band: a band that asks more
                 for higher in self.model_backoff[0 if band is None else band + 1:]:  # would have failed it too
                     higher.join(backoff)
@@ -276,9 +326,10 @@ class AutoTree:
     def _best(self, draft: Draft, prefix_len: int, draft_steps: float) -> tuple[list[int], float]:
         """(the nodes worth verifying, ascending, the root first; their tokens per step, drafting included)."""
         tree = draft.tree
+        plain = self.cost.rel(self.width(1, prefix_len), prefix_len, True) + draft_steps  # a plain step's cost
         if tree.size == 1:
             self.ranked = ([0], [1.0])
-            return [0], 1.0 / (1.0 + draft_steps)
+            return [0], 1.0 / plain
         score = self.scores(draft)
         ordered = tree.children  # siblings in node order: the order sampled children were drawn in
         sampled = draft.q is not None  # sampled children must stay a prefix of their draw order
@@ -286,7 +337,7 @@ class AutoTree:
         heapq.heapify(heap)
         kept, expected, chain_so_far = [0], 1.0, True
         gains = [1.0]  # expected new tokens of the first j + 1 nodes kept, best first
-        best_k, best_rate = 0, 1.0 / (1.0 + draft_steps)
+        best_k, best_rate = 0, 1.0 / plain
         while heap:
             neg, node = heapq.heappop(heap)
             parent = tree.parents[node]
@@ -294,7 +345,7 @@ class AutoTree:
             kept.append(node)
             expected += -neg
             gains.append(expected)
-            width = self.width(len(kept))
+            width = self.width(len(kept), prefix_len, chain_so_far)
             rate = expected / (self.cost.rel(width, prefix_len, chain_so_far) + draft_steps)
             if rate > best_rate:
                 best_k, best_rate = len(kept) - 1, rate
@@ -350,7 +401,7 @@ class AutoTree:
                 backoff = self.model_backoff[gate.band]
                 backoff.paid() if self.rate > gate.rate else backoff.lost()
         elif gate is None or gate.drafted:  # the drafter (or the hybrid's model part, alone) drafted
-            lost = self.rate < 1.0 and self._draft_steps > CHEAP_DRAFT
+            lost = self.rate < self.plain_rate(prefix_len) and self._draft_steps > CHEAP_DRAFT
             self.drafter_backoff.lost() if lost else self.drafter_backoff.paid()
 
 

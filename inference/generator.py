@@ -119,7 +119,9 @@ class SpeculativeGenerator:
             the output then no longer follows the target's distribution).
         pad_to: verification widths between 2 and pad_to-1 are padded to pad_to. None (default):
             4 (MKL's 2-3 row GEMMs on a CPU cost more than 4 rows), or 1 when the target's linears
-            are prepacked (``pack_linears``: there 2-3 rows cost less than 4).
+            are prepacked (``pack_linears``: there 2-3 rows cost less than 4). Under ``tree="auto"`` one
+            sequence's pass, a plain step's too, runs at the cheapest width at least as wide under the
+            measured cost curve (headway.inference.auto: with prepacked linears 4-6 tokens cost less than one).
         typical_threshold, typical_alpha: Medusa's epsilon and delta for acceptance="typical".
         cuda_graphs: capture the drafter's tree levels and the target's verification pass in CUDA graphs, one per
             width, replayed every later round (headway.inference.graphs: an EAGLE drafter's single-row levels;
@@ -232,6 +234,8 @@ class SpeculativeGenerator:
         pad_to = self.resolved_pad_to()
         if auto is not None:
             auto.pad_to = pad_to
+            auto.pad_cheapest = True  # one sequence: each pass at the cheapest width at least as wide (a batch's rows
+            # share one pass, headway.inference.batch)
         with contextlib.ExitStack() as stack:
             # forward hooks keep only the layers the drafter reads, for the positions it has not seen
             capture = stack.enter_context(FeatureCapture(self.target, layers)) if layers else None
@@ -295,9 +299,10 @@ class SpeculativeGenerator:
                 elif draft.states is not None:  # the first layers ran while drafting (LayerSkip): the rest only
                     logits, width = resume_forward(self.target, cache, draft.tree, draft.states, length - 1,
                                                    drafter.exit_layer)
-                else:
+                else:  # tree="auto": its cheapest width at least as wide (a plain step too, where padding pays)
+                    run = auto.pass_width(draft.tree, length - 1) if auto is not None and pending is None else None
                     logits, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
-                                                 pad_to=pad_to, max_positions=context, pending=pending)
+                                                 pad_to=pad_to, max_positions=context, pending=pending, width=run)
                 sync_verify()
                 t2 = time.perf_counter()
                 if processors:  # each node scored as generate would score it after its own context

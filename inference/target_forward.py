@@ -55,13 +55,14 @@ def verify_width(n: int, pad_to: int) -> int:
 
 
 def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int, *, pad_to: int = 1,
-                 max_positions: int | None = None, pending: torch.Tensor | None = None):
+                 max_positions: int | None = None, pending: torch.Tensor | None = None, width: int | None = None):
     """Run ``model`` over the tree's nodes appended to a prefix of ``prefix_len`` tokens.
 
     tokens: [N] long (node 0 first) on the model's device. The cache holds the prefix, or, for a
     chain, all of it but its last ``pending`` [M] tokens, which this pass runs first (the prefill and
     the first round in one causal forward; a tree would need a 4D mask over the whole prompt, which
-    costs more than a prefill of its own). The cache grows by M + the padded width W; the
+    costs more than a prefill of its own). The cache grows by M + the padded width W (``width`` when given,
+    >= N: tree="auto"'s cheapest, headway.inference.auto; else ``verify_width(N, pad_to)``); the
     caller compacts the tree's part. ``max_positions``: the model's context (absolute position
     embeddings): a chain is not padded past it. Returns (logits [N, V], W). (Drafters' features come
     from the generator's forward hooks, at the layers each drafter asks for.)
@@ -69,7 +70,7 @@ def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int
     n, m = tokens.shape[0], 0 if pending is None else pending.shape[0]
     if m and not tree.is_chain:
         raise ValueError("pending prompt tokens run before a chain only: prefill them first for a tree")
-    width = verify_width(n, pad_to)
+    width = verify_width(n, pad_to) if width is None else max(width, n)
     if tree.is_chain and max_positions is not None and prefix_len + width > max_positions:
         width = n  # a chain's padding sits after its last node: keep every position inside the context
     device = tokens.device

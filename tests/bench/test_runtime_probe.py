@@ -17,8 +17,8 @@ def test_runtime_probe_runs_as_typed(tmp_path):
     results = json.loads(out.read_text())
     rows = {r["method"]: r for r in results["methods"]}
     assert set(rows) == {"eagle3-chain", "eagle3-tree", "eagle3-dynamic", "eagle3-dynamic-tensor", "medusa", "lookup",
-                         "peagle", "dflash", "layerskip", "layerskip-nostop", "draft-model", "lookahead", "suffix",
-                         "hybrid"}
+                         "peagle", "dflash", "dflash-dynamic", "layerskip", "layerskip-nostop", "draft-model",
+                         "lookahead", "suffix", "hybrid"}
     assert results["plain_step_ms"] > 0
     for name, r in rows.items():
         assert r["identical"], name
@@ -30,7 +30,11 @@ def test_runtime_probe_runs_as_typed(tmp_path):
         if name == "hybrid":
             assert 1.0 <= r["reads_per_round"] <= 2.0, r["reads_per_round"]
         elif name not in ("eagle3-dynamic", "layerskip"):
-            assert r["reads_per_round"] == (2.0 if name == "eagle3-dynamic-tensor" else 1.0), (name, r["reads_per_round"])
+            if name == "dflash-dynamic":  # its shape, then the verification (a last round of one token: the root)
+                assert 1.5 < r["reads_per_round"] <= 2.0, r["reads_per_round"]
+            else:
+                want = 2.0 if name == "eagle3-dynamic-tensor" else 1.0
+                assert r["reads_per_round"] == want, (name, r["reads_per_round"])
     assert rows["eagle3-dynamic"]["reads_per_round"] > 2.0 and rows["layerskip"]["reads_per_round"] > 1.0
     # the drafters with modules spend time in them; P-EAGLE drafts in one pass a round (the prompt's round none)
     for name in ("eagle3-chain", "medusa", "peagle", "dflash", "draft-model", "hybrid"):

@@ -87,6 +87,71 @@ def test_a_drafter_that_never_pays_steps_aside(models):
     assert out.stats.plain_steps <= 1 and out.stats.mean_accepted_length >= 4.0, out.stats.accepted_per_step
 
 
+def dip_curve(dip: float = 0.8, t1: float = 1e-3):
+    """A prepacked CPU target's shape: passes of 2-3 tokens cost more than one, 4-8 ``dip`` of one, wider more."""
+    from headway.inference.cost_curve import CostCurve
+
+    ks = [1, 2, 3, 4, 6, 8, 16, 32]
+    rel = [1.0, 1.15, 1.05, dip, dip, dip, 1.5, 2.5]
+    return CostCurve(ks, [0], [t1], [rel], [rel], {})
+
+
+def test_a_pass_runs_at_the_cheapest_width_at_least_as_wide():
+    """One sequence (pad_cheapest): a pass runs padded to the cheapest width up to MAX_PAD where that saves more than
+    1 - PAD_GAIN of it (a plain step too), and the choice prices it so; off (a batch's rows), the generator's padding
+    alone; a step timed for t(1) runs unpadded."""
+    from headway.inference.auto import MAX_PAD
+
+    auto = AutoTree(dip_curve())
+    assert [auto.width(n) for n in (1, 2, 5, 9)] == [1, 2, 5, 9]  # not asked: the generator's own padding
+    auto.pad_cheapest = True
+    assert [auto.width(n) for n in (1, 2, 3, 4, 8, 9)] == [4, 4, 4, 4, 8, 9] and MAX_PAD == 8
+    assert auto.plain_rate(10) == pytest.approx(1 / 0.8)
+    assert auto.pass_width(Tree([-1]), 10) == 4
+    auto.timing = True
+    assert auto.pass_width(Tree([-1]), 10) is None
+    flat = AutoTree(made_up_curve(0.0))
+    flat.pad_cheapest = True
+    assert flat.width(1) == 1 and flat.plain_rate(10) == 1.0  # no gain: no padding
+    # two nodes at 0.8 of a step beat a plain step at 0.8 too: a node worth 0.1 is kept (unpadded: 1.15, dropped)
+    draft = Draft(Tree([-1, 0]), torch.tensor([9, 1]), scores=[1.0, 0.1])
+    assert auto.select(draft, 10).tree.size == 2 and AutoTree(dip_curve()).select(draft, 10).tree.size == 1
+
+
+def test_plain_steps_run_padded_where_that_is_cheaper_and_the_output_is_the_targets(models):
+    """A drafter that never pays, on a curve where 4-8 tokens cost less than one: its plain steps run padded (the
+    padding dropped from the cache), steps timed for t(1) unpadded, and the output is the target's greedy output."""
+    target = models["target"]
+    gen = SpeculativeGenerator(target, DraftModelProposer(models["draft"], gamma=4), tree="auto",
+                               cost_curve=dip_curve(0.8))
+    ids = torch.tensor([PROMPT[:4]])
+    out = gen.generate(ids, max_new_tokens=60)
+    assert torch.equal(out.sequences, reference_generate(target, ids, 60, eos_token_id=None))
+    st = out.stats
+    plain = [w for w, d in zip(st.verify_width_per_step[1:], st.draft_depth_per_step[1:]) if d == 0]  # root alone
+    assert len(plain) >= 0.6 * st.target_forward_passes and set(plain) == {1, 4}, plain
+    # every PLAIN_EVERY-th round a step timed for t(1) (while its correction rests on under PLAIN_PASSES: here always)
+    assert 1 <= plain.count(1) <= st.target_forward_passes // PLAIN_EVERY, plain
+
+
+def test_a_new_request_recalibrates_quickly():
+    """A new request may be on text of another kind: each cell's evidence then weighs at most CELL_CAP tries (its
+    share accepted kept, cells with fewer tries untouched), and a drafter that lost waits at most REQUEST_WAIT
+    rounds after its next loss (then doubling again), trying at once."""
+    from headway.inference.auto import CELL_CAP, MAX_BACKOFF, REQUEST_WAIT
+
+    auto = AutoTree(made_up_curve(0.3))
+    auto.cells = {(0, 1, 0): [3.0, 150.0], (0, 2, 1): [1.0, 2.0]}
+    for _ in range(6):
+        auto.drafter_backoff.lost()
+    assert auto.drafter_backoff.wait == MAX_BACKOFF > REQUEST_WAIT and auto.drafter_backoff.skip > 0
+    auto.reset()
+    assert auto.cells == {(0, 1, 0): [pytest.approx(3.0 * CELL_CAP / 150.0), CELL_CAP], (0, 2, 1): [1.0, 2.0]}
+    assert not auto.drafter_backoff.take()  # tried at once
+    auto.drafter_backoff.lost()
+    assert auto.drafter_backoff.skip == REQUEST_WAIT and auto.drafter_backoff.wait == 2 * REQUEST_WAIT
+
+
 def test_selection_follows_the_scores_and_the_curve():
     draft = Draft(Tree([-1, 0, 1, 0, 3]), torch.tensor([9, 1, 2, 3, 4]), scores=[1.0, 0.9, 0.8, 0.3, 0.2])
     auto = AutoTree(made_up_curve(0.0))  # verification costs the same at any width: keep everything

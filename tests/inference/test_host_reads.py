@@ -27,7 +27,8 @@ def drafter_of(kind, target):
 @pytest.mark.parametrize("kind,tree,reads", [("eagle3", "chain-3", 1), ("eagle3", "tree-7", 1), ("medusa", "tree-7", 1),
                                              ("medusa", None, 1), ("lookup", None, 1),
                                              ("eagle3", None, 2),  # a dynamic tree: its shape, then the verification
-                                             ("peagle", None, 1), ("dflash", None, 1), ("dflash", "tree-7", 1),
+                                             ("peagle", None, 1), ("dflash", "chain-3", 1), ("dflash", "tree-7", 1),
+                                             ("dflash", None, 2),  # its default, a dynamic tree: shape, verification
                                              ("layerskip", None, 1), ("draft-model", "chain-3", 1),
                                              ("draft-model", "tree-7", 1), ("lookahead", None, 1), ("suffix", None, 1),
                                              ("eagle3+lookup", "tree-7", 2),
