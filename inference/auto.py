@@ -171,9 +171,13 @@ class AutoTree:
             return None
         return self.width(tree.size, prefix_len, tree.is_chain)
 
+    def plain_cost(self, prefix_len: int) -> float:
+        """A plain step's pass in one-token steps: 1, or less when it is padded to a cheaper width."""
+        return self.cost.rel(self.width(1, prefix_len), prefix_len, True)
+
     def plain_rate(self, prefix_len: int) -> float:
-        """A plain step's tokens per one-token step: 1, or more when its pass is padded to a cheaper width."""
-        return 1.0 / self.cost.rel(self.width(1, prefix_len), prefix_len, True)
+        """A plain step's tokens per one-token step."""
+        return 1.0 / self.plain_cost(prefix_len)
 
     def fork(self, cost, pad_to: int) -> "AutoTree":
         """A controller for one row of a batch: this one's calibration (shared: every row's rounds teach it),
@@ -326,7 +330,7 @@ class AutoTree:
     def _best(self, draft: Draft, prefix_len: int, draft_steps: float) -> tuple[list[int], float]:
         """(the nodes worth verifying, ascending, the root first; their tokens per step, drafting included)."""
         tree = draft.tree
-        plain = self.cost.rel(self.width(1, prefix_len), prefix_len, True) + draft_steps  # a plain step's cost
+        plain = self.plain_cost(prefix_len) + draft_steps  # a plain step's cost, drafting paid
         if tree.size == 1:
             self.ranked = ([0], [1.0])
             return [0], 1.0 / plain
