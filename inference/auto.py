@@ -64,8 +64,8 @@ from typing import NamedTuple
 import torch
 
 from headway.inference.cost_curve import CostCurve, OnlineCost
-from headway.inference.proposer import Draft, Probe, can_probe
-from headway.inference.tree import Tree
+from headway.inference.proposer import Draft, Probe, can_probe, exact_float
+from headway.inference.tree import DeviceTree, Tree
 from headway.inference.target_forward import verify_width
 from headway.inference.graphs import graph_width
 
@@ -410,10 +410,16 @@ class AutoTree:
 
 
 def host_scored(draft: Draft) -> Draft:
-    """``draft`` with the scores a drafter left on the device read to the host (one read); a sampled draft as it is,
-    its scores never read (``AutoTree._conds`` judges it by the root's row of q)."""
+    """``draft`` with the scores a drafter left on the device read to the host, and a device tree's shape with them
+    (one read); a sampled draft as it is, its scores never read (``AutoTree._conds`` judges it by the root's row of q)."""
     if draft.q is None and isinstance(draft.scores, torch.Tensor):
-        return dataclasses.replace(draft, scores=draft.score_list())
+        pending = draft.tree.pending_parents() if isinstance(draft.tree, DeviceTree) else None
+        if pending is None:
+            return dataclasses.replace(draft, scores=draft.score_list())
+        wide = exact_float(pending.device)
+        scores, parents = torch.stack([draft.scores.to(wide), pending.to(wide)]).tolist()
+        draft.tree.settle([int(p) for p in parents])
+        return dataclasses.replace(draft, scores=scores)
     return draft
 
 

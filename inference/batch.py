@@ -36,7 +36,7 @@ from headway.inference import vocab_reduce
 from headway.inference.auto import host_scored, prune
 from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, repack_rows
 from headway.inference.processors import GenerationSetup, apply_processors
-from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, root_draft, run_rows
+from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, greedy_read, root_draft, run_rows
 from headway.inference.target_forward import padded_tree_tensors, prefill, verify_width
 from headway.inference.verify import verify_greedy_logits
 
@@ -347,7 +347,7 @@ def accept_rows(gen, live: list[Row], drafts: list[Draft], logits: torch.Tensor,
         if sampling is None:
             leaf, bonus = verify_greedy_logits(draft.tree, draft.tokens, row_logits)
             tail = [] if observer is None else [vocab_reduce.argmax(row_logits)]  # [N]
-            on_device.append((i, observer, torch.cat([torch.stack([leaf, bonus]), draft.tokens, *tail])))
+            on_device.append((i, observer, greedy_read(draft, torch.stack([leaf, bonus]), tail)))
         else:
             paths[i], news[i] = gen._accept(draft, row_logits, sampling, generator, observer)
     if on_device:  # the round's one read for every greedy row

@@ -22,7 +22,7 @@ import torch
 
 from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
-from headway.inference.proposer import (Draft, DraftContext, DraftRequest, HostRead, Probe, Proposer, first_guesses,
+from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses,
                                         root_only, run_alone)
 from headway.inference.graphs import EagleStepGraphs, same_mode
 from headway.inference.expand import (DynamicTree, additive_mask, feed_block, grow_dynamic, grow_dynamic_tensors,
@@ -52,8 +52,8 @@ def bind_head(head, target_model) -> torch.device:
 class EagleProposer(Proposer):
     """Wraps an ``EagleHead``; default tree: EAGLE-2 dynamic (CPU- or GPU-sized).
 
-    ``tensor_rounds``: True grows a dynamic tree with tensor ops and one read for the kept tree
-    (``grow_dynamic_tensors``; a batch's rows level by level in one head pass too); False takes the host
+    ``tensor_rounds``: True grows a dynamic tree with tensor ops and no read, its shape read with the round's
+    verification (``grow_dynamic_tensors``; a batch's rows level by level in one head pass too); False takes the host
     version, which reads once per level and skips pruned rows (the same tree); None (the default) is True
     on CUDA, where a read is a sync, and False elsewhere: on a CPU a read costs nothing and the host
     version's own work measured less (scripts/runtime_probe.py, BENCHMARKS.md)."""
@@ -200,16 +200,13 @@ class EagleProposer(Proposer):
         return draft
 
     def _grow_tensors(self, tree: DynamicTree, ctx: DraftContext, root_h: torch.Tensor, root_logits: torch.Tensor):
-        """A dynamic tree grown with tensor ops (one read, for the kept tree), each level a ``Feed``: every row
-        reads its parent's output among the previous feed's rows (the root's for the first)."""
+        """A dynamic tree grown with tensor ops (no read: its shape is read with the verification), each level a
+        ``Feed``: every row reads its parent's output among the previous feed's rows (the root's for the first)."""
         growth = grow_dynamic_tensors(tree, ctx.max_depth, ctx.root_token, root_logits, self.head.to_target_ids)
         last, start = root_h[None], ctx.tokens.shape[0] - 2  # the previous feed's outputs [R, H]; the root's position
         try:
             step = next(growth)
             while True:
-                if isinstance(step, HostRead):  # the kept tree: the round's one read (a batch's rows' in one)
-                    step = growth.send((yield step))
-                    continue
                 tokens, parent_rows, depth, allowed = step
                 positions = torch.full((tokens.shape[0],), start + depth, dtype=torch.long, device=self._device)
                 last, logits = yield Feed(self, tokens, positions, last[parent_rows.clamp(min=0)], ~allowed)

@@ -26,8 +26,8 @@ import torch
 
 from headway.heads.values import parse_bool
 from headway.inference import vocab_reduce
-from headway.inference.proposer import Draft, HostRead, sample_children
-from headway.inference.tree import Tree
+from headway.inference.proposer import Draft, sample_children
+from headway.inference.tree import Tree, device_tree
 from headway.inference.verify import SamplingParams
 
 
@@ -313,19 +313,19 @@ def expand_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: in
     try:
         rows = next(growth)
         while True:
-            rows = growth.send(rows.run() if isinstance(rows, HostRead) else feed(*rows))
+            rows = growth.send(feed(*rows))
     except StopIteration as done:
         return done.value
 
 
 def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int, root_logits: torch.Tensor,
                          to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x
-                         ) -> Generator[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor] | HostRead, object, Draft]:
-    """``expand_dynamic`` as tensor ops with fixed shapes: no read until the kept tree, which is one. A generator:
-    it yields each feed's ``FeedRows`` arguments (tokens, parent_rows, depth, allowed), is sent their logits [R, V']
-    (or [1, V']: one row every node of the level shares, scored once: DFlash's slot of that depth),
-    then yields the kept tree's ``HostRead``, is sent its list, and returns the Draft (a batch runs its rows' feeds
-    together, and their reads as one).
+                         ) -> Generator[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor, Draft]:
+    """``expand_dynamic`` as tensor ops with fixed shapes and no read: the kept tree stays on the device (a
+    ``DeviceTree``, its scores a tensor), its shape read with the round's verification. A generator: it yields each
+    feed's ``FeedRows`` arguments (tokens, parent_rows, depth, allowed), is sent their logits [R, V'] (or [1, V']:
+    one row every node of the level shares, scored once: DFlash's slot of that depth), and returns the Draft (a
+    batch runs its rows' feeds together).
 
     Every level feeds ``top_k`` rows (the level's best, ids ascending as the host version feeds
     them). Dropping a row takes a read, so there is no pruning: a row ``settings.prune`` would skip
@@ -362,15 +362,18 @@ def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int,
         allowed = torch.cat([allowed[rows], torch.eye(best.shape[0], dtype=torch.bool, device=device)], 1)  # [R', F']
         frontier = base + best
         logits = yield tokens[frontier], rows if level else torch.full_like(rows, -1), level + 1, allowed
-    # the total best by (-score, depth, id): stable sorts, last key first; their order is the host's to make
+    # the total best by (-score, depth, id): stable sorts, last key first
     ids = torch.arange(1, score.shape[0], device=device)
     ids = ids[torch.argsort(depths[ids], stable=True)]
-    keep = ids[torch.argsort(score[ids], descending=True, stable=True)][:total]
-    ids, par, tok, sc, dep = yield HostRead(torch.stack([keep.double(), parents[keep].double(), tokens[keep].double(),
-                                                         score[keep].double(), depths[keep].double()]))  # the one read
-    ids = [int(n) for n in ids]  # node ids and tokens are exact in float64
-    parents_of = {0: -1, **{n: int(v) for n, v in zip(ids, par)}}
-    tokens_of = {0: root_token, **{n: int(v) for n, v in zip(ids, tok)}}
-    score_of = {0: 0.0, **dict(zip(ids, sc))}
-    depth_of = {0: 0, **{n: int(v) for n, v in zip(ids, dep)}}
-    return kept_draft(settings, ids, parents_of, tokens_of, score_of, depth_of, device)
+    keep = ids[torch.argsort(score[ids], descending=True, stable=True)][:total]  # closed under parents (a child
+    # never scores above its parent, which is shallower): [K]
+    # ordered parents first by (depth, -score, id), as ``kept_draft`` orders them, and renumbered
+    keep = keep.sort().values
+    keep = keep[torch.argsort(score[keep], descending=True, stable=True)]
+    order = torch.cat([keep.new_zeros(1), keep[torch.argsort(depths[keep], stable=True)]])  # [N] old ids, root first
+    index = torch.zeros(score.shape[0], dtype=torch.long, device=device)
+    index[order] = torch.arange(order.shape[0], device=device)  # old id -> new
+    new_parents = index[parents[order].clamp(min=0)]
+    new_parents[0] = -1
+    tree = device_tree(new_parents, depths[order], depth, name=settings.name)
+    return Draft(tree, tokens[order], None, scores=score[order].exp())

@@ -26,12 +26,13 @@ import torch
 
 from headway.heads.target.features import FeatureCapture
 from headway.inference.cpu_gemm import is_packed
-from headway.inference.proposer import Draft, DraftContext, Proposer, as_proposer, check_draft, root_draft
+from headway.inference.proposer import (Draft, DraftContext, Proposer, as_proposer, check_draft, greedy_read,
+                                        root_draft)
 from headway.inference import target_graphs, vocab_reduce
 from headway.inference.graphs import CaptureError, resolve_backend
 from headway.inference.kv_cache import CACHE_SLACK, compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
-from headway.inference.tree import Tree, node_path
+from headway.inference.tree import DeviceTree, Tree, node_path
 from headway.inference.target_forward import check_attention, prefill, resume_forward, tree_forward
 from headway.inference.batch import cut_round
 from headway.inference.inputs import check_generation, check_prompt, check_settings, context_length
@@ -422,13 +423,13 @@ class SpeculativeGenerator:
         tail = [] if observer is None else [vocab_reduce.argmax(logits)]  # [N]: the target's choice after each node
         if sampling is None:  # on the device; the round's one read: the leaf, the bonus token and the draft's tokens
             leaf, bonus = verify_greedy_logits(tree, draft.tokens, logits)
-            return self.greedy_result(tree, torch.cat([torch.stack([leaf, bonus]), draft.tokens, *tail]).tolist(),
-                                      observer, draft)
+            return self.greedy_result(tree, greedy_read(draft, torch.stack([leaf, bonus]), tail).tolist(), observer,
+                                      draft)
         on_device = self.device_sampling if self.device_sampling is not None else logits.device.type == "cuda"
         if on_device and self.acceptance == "exact":  # the round's one read: the leaf, the next token, the tokens
             out = verify_sampling_tensors(*tree.sampling_tensors(logits.device), draft.tokens, probs(logits, sampling),
                                           q_rows(draft.q, tree.size, logits), generator)
-            return self.greedy_result(tree, torch.cat([out, draft.tokens, *tail]).tolist(), observer, draft)
+            return self.greedy_result(tree, greedy_read(draft, out, tail).tolist(), observer, draft)
         tokens = draft.tokens.tolist()
         if observer is not None:
             observer.observe_outputs(draft, tail[0].tolist(), tokens)
@@ -443,13 +444,16 @@ class SpeculativeGenerator:
     @staticmethod
     def greedy_result(tree: Tree, read: list[int], observer: Proposer | None = None,
                       draft: Draft | None = None) -> tuple[list[int], list[int]]:
-        """read: [accepted leaf, the target's next token, *the draft's N tokens, *the target's choice after each node
-        when ``observer`` reads them] -> (the path to the leaf, the new tokens: the path's draft tokens and the next
-        one); ``observer.observe_outputs`` gets its part of the read first."""
+        """read (``greedy_read``'s): [accepted leaf, the target's next token, *the draft's N tokens, *the target's choice
+        after each node when ``observer`` reads them, *the tree's N parents while they are on the device] -> (the path
+        to the leaf, the new tokens: the path's draft tokens and the next one); a device tree is settled from its
+        part and ``observer.observe_outputs`` gets its part first."""
         n = tree.size
         leaf, nxt, tokens = read[0], read[1], read[2:2 + n]
+        if isinstance(tree, DeviceTree) and not tree.settled:
+            tree.settle(read[len(read) - n:])
         if observer is not None:
-            observer.observe_outputs(draft, read[2 + n:], tokens)
+            observer.observe_outputs(draft, read[2 + n:2 + 2 * n], tokens)
         path = node_path(tree.parents, leaf)
         return path, [tokens[i] for i in path[1:]] + [nxt]
 

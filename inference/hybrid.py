@@ -28,8 +28,9 @@ from typing import Generator
 
 import torch
 
-from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, can_probe, run_alone
-from headway.inference.tree import Tree
+from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Proposer, can_probe, exact_float,
+                                        run_alone)
+from headway.inference.tree import DeviceTree, Tree
 
 
 class HybridProposer(Proposer):
@@ -186,9 +187,13 @@ def read_drafts(drafts: list[Draft], scored: bool) -> tuple[list[list[int]], lis
     """Every draft's tokens, and its scores when ``scored``, on the host in one read (scores already on the host
     are taken as they are)."""
     on_device = [d.tokens for d in drafts] + [d.scores for d in drafts if scored and isinstance(d.scores, torch.Tensor)]
-    # token ids are exact in float64 (float32 on MPS, which has no float64: exact below 2^24, every vocabulary's size)
-    wide = torch.float32 if on_device[0].device.type == "mps" else torch.float64
+    shapes = [d.tree for d in drafts if isinstance(d.tree, DeviceTree) and not d.tree.settled]  # read beside them
+    on_device += [t.pending_parents() for t in shapes]
+    wide = exact_float(on_device[0].device)  # token ids exact beside the scores
     flat = torch.cat([t.reshape(-1).to(wide) for t in on_device]).tolist()
+    for tree in reversed(shapes):  # their parents close the read
+        tree.settle([int(p) for p in flat[len(flat) - tree.size:]])
+        del flat[len(flat) - tree.size:]
     at, tokens = 0, []
     for d in drafts:
         n = d.tokens.numel()

@@ -16,7 +16,7 @@ from typing import Generator, NamedTuple
 import torch
 
 from headway.inference import vocab_reduce
-from headway.inference.tree import Tree, load_tree
+from headway.inference.tree import DeviceTree, Tree, load_tree
 from headway.inference.verify import SamplingParams, probs
 
 
@@ -71,6 +71,19 @@ class Draft:
     def score_list(self) -> list[float] | None:
         """``scores`` on the host: one read when the drafter left them on the device."""
         return self.scores.tolist() if isinstance(self.scores, torch.Tensor) else self.scores
+
+
+def exact_float(device: torch.device) -> torch.dtype:
+    """The float dtype that carries token ids and node indices to the host exactly beside scores: float64 (float32
+    on MPS, which has no float64: exact below 2^24, every vocabulary's size)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def greedy_read(draft: Draft, head: torch.Tensor, tail=()) -> torch.Tensor:
+    """What a round reads once, as one long tensor: [*head (the accepted leaf and the next token), *the draft's N
+    tokens, *tail (each [N] long), *the tree's N parents while they are still on the device (a ``DeviceTree``)]."""
+    pending = draft.tree.pending_parents() if isinstance(draft.tree, DeviceTree) else None
+    return torch.cat([head, draft.tokens, *tail, *([] if pending is None else [pending])])
 
 
 class Proposer:
@@ -188,35 +201,6 @@ class DraftRequest:
     @classmethod
     def run_together(cls, requests: list["DraftRequest"], state: dict) -> list:
         return [r.run() for r in requests]
-
-
-class HostRead(DraftRequest):
-    """A small tensor read to the host (``tolist``): the one read a drafter's round may need (the kept shape of a
-    dynamic tree grown with tensor ops). A batch's rows' reads of one dtype and device are one read."""
-
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor, self.key = tensor, (tensor.dtype, tensor.device)
-
-    def run(self) -> list:
-        return self.tensor.tolist()
-
-    @classmethod
-    def run_together(cls, requests: list["HostRead"], state: dict) -> list[list]:
-        flat = torch.cat([r.tensor.flatten() for r in requests]).tolist()  # the rows' one read
-        out, at = [], 0
-        for r in requests:
-            n = r.tensor.numel()
-            out.append(_nested(flat[at:at + n], list(r.tensor.shape)))
-            at += n
-        return out
-
-
-def _nested(values: list, shape: list[int]) -> list:
-    """A flat list as ``tolist`` gives a tensor of ``shape``."""
-    if len(shape) <= 1:
-        return values if shape else values[0]
-    step = len(values) // shape[0] if shape[0] else 0
-    return [_nested(values[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
 
 
 @torch.no_grad()  # here, once a round, not on each generator (torch's wrapper re-enters no_grad on every resume)

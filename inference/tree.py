@@ -257,6 +257,89 @@ class Tree:
         return self.cached(("sampling", device), build)
 
 
+class DeviceTree(Tree):
+    """A tree whose shape is still on the device: a dynamic tree grown with tensor ops, verified before the host
+    sees it. parents: [N] long (the root's -1; parents first), depths: [N] long, ancestors: [N, N] bool
+    ancestor-or-self, all on one device; N is known on the host.
+
+    Verification needs only the device tensors (``device_tensors``, ``greedy_tensors``; ``is_chain`` is False, so
+    the pass takes the tree mask, right for any shape). The host shape (``parents``, ``depths``, ``children``,
+    ``ranks`` and what derives from them) comes from ``settle(parents)``, which the round's one verification read
+    calls with the parents read beside the accepted leaf (``pending_parents``); a use before that reads them
+    itself (one read: ``tree="auto"``'s cut reads them with the scores, processors and sampling on first use)."""
+
+    _HOST = ("parents", "depths", "children", "ranks")
+
+    def __init__(self, parents: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor, name: str | None = None):
+        self._tensors = (parents, depths, ancestors)  # [N], [N], [N, N]
+        self._n, self.name = parents.shape[0], name
+        self._device_cache: dict = {}
+        self._truncated: dict[int, Tree] = {}
+        self.settled = False
+
+    def __getattr__(self, name: str):
+        if name in DeviceTree._HOST and not self.__dict__.get("settled", True):
+            self.settle(self._tensors[0].tolist())  # a host use before the round's read: read the shape now
+            return getattr(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def settle(self, parents: list[int]) -> "DeviceTree":
+        """Give the host shape (the device parents, read): the fields a ``Tree`` has, the device tensors kept."""
+        if not self.settled:
+            cache = self._device_cache
+            Tree.__init__(self, parents, name=self.name)
+            self._device_cache, self.settled = cache, True
+        return self
+
+    def pending_parents(self) -> torch.Tensor | None:
+        """The parents [N] to read with the round's verification read (then ``settle``), or None once settled."""
+        return None if self.settled else self._tensors[0]
+
+    @property
+    def size(self) -> int:
+        return self._n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def is_chain(self) -> bool:  # before the read: verified under the tree mask, which is right for a chain too
+        return self.settled and all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def device_tensors(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        def build():
+            _, depths, ancestors = self._tensors
+            add = torch.full(ancestors.shape, torch.finfo(dtype).min, dtype=dtype, device=ancestors.device)
+            return add.masked_fill_(ancestors, 0.0).to(device), depths.to(device)
+
+        return self.cached(("additive", device, dtype), build)
+
+    def greedy_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def build():
+            parents, depths, ancestors = self._tensors
+            return ancestors.to(device), parents.clamp(min=0).to(device), depths.to(device)
+
+        return self.cached(("greedy", device), build)
+
+    def inner_rows(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        # which nodes have children is the host's to know: before the read every node's row is reduced
+        return super().inner_rows(device) if self.settled else None
+
+
+def device_tree(parents: torch.Tensor, depths: torch.Tensor, max_depth: int, name: str | None = None) -> DeviceTree:
+    """The ``DeviceTree`` of parents [N] long (the root's -1, parents before children) and depths [N] long, at most
+    ``max_depth`` deep: its ancestor mask by ``max_depth`` hops up the parents, tensor ops only."""
+    n, device = parents.shape[0], parents.device
+    up = parents.clamp(min=0)  # the root is its own parent
+    rows = torch.arange(n, device=device)
+    ancestors = torch.eye(n, dtype=torch.bool, device=device)  # [N, N]
+    at = rows
+    for _ in range(max_depth):
+        at = up[at]  # [N] each node's ancestor one hop further up
+        ancestors[rows, at] = True
+    return DeviceTree(parents, depths, ancestors, name=name)
+
+
 def chain(depth: int) -> Tree:
     """A chain of ``depth`` draft tokens (the classic speculative-decoding draft)."""
     if depth < 0:

@@ -419,3 +419,14 @@ def assert_batch_equals_rows(gen, family, max_new_tokens: int = 10) -> None:
     for r, p in enumerate(prompts):
         alone = gen.generate(p[None], max_new_tokens=max_new_tokens, eos_token_id=None).sequences[0]
         assert torch.equal(out.sequences[r, width - p.shape[0]:][:alone.shape[0]], alone)  # left padding dropped
+
+
+def left_pad(prompts, pad: int = 0):
+    """[1, T_r] prompts -> (input_ids [B, T], attention_mask [B, T]), left-padded as a tokenizer pads."""
+    t = max(p.shape[-1] for p in prompts)
+    ids = torch.full((len(prompts), t), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), t, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, t - p.shape[-1]:] = p.reshape(-1)
+        mask[r, t - p.shape[-1]:] = 1
+    return ids, mask

@@ -18,21 +18,10 @@ from headway.inference.batch import BatchCost, check_batch
 from headway.inference.cost_curve import OnlineCost
 from headway.inference.kv_cache import compact_rows, new_cache, repack_rows
 from tests.inference.eagle_utils import train_eagle
-from tests.inference.spec_utils import (PROMPT, SETTINGS, chi2_pvalue, context_logits, exact_joint, made_up_curve,
-                                        reference_generate, tiny_vocab_model, train_medusa)
+from tests.inference.spec_utils import (PROMPT, SETTINGS, chi2_pvalue, context_logits, exact_joint, left_pad,
+                                        made_up_curve, reference_generate, tiny_vocab_model, train_medusa)
 
 BATCH = 7  # the family's first prompts: 3-27 tokens (a prompt of one token: the EOS test), some repeating a segment
-
-
-def left_pad(prompts, pad: int = 0):
-    """[1, T_r] prompts -> (input_ids [B, T], attention_mask [B, T]), left-padded as a tokenizer pads."""
-    t = max(p.shape[-1] for p in prompts)
-    ids = torch.full((len(prompts), t), pad, dtype=torch.long)
-    mask = torch.zeros(len(prompts), t, dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, t - p.shape[-1]:] = p.reshape(-1)
-        mask[r, t - p.shape[-1]:] = 1
-    return ids, mask
 
 
 def assert_rows_equal_generate(target, out, prompts, ids, max_new, pad, **settings):
@@ -261,25 +250,24 @@ def test_sampled_rows_follow_the_target_distribution(sampling_setup, drafter, se
     assert chi2_pvalue(torch.cat(samples), joints[setting]) > 1e-3
 
 
-def test_the_rows_dynamic_trees_grown_with_tensor_ops_are_read_in_one_read(family, eagle, monkeypatch):
-    """A batch's rows growing EAGLE-2 dynamic trees with tensor ops (the CUDA default) read their kept trees
-    together: one ``HostRead.run_together`` a round for every drafting row, none alone while two rows draft; every
-    row equals its own generate."""
-    from headway.inference.proposer import HostRead
+def test_the_rows_dynamic_trees_grown_with_tensor_ops_are_read_with_the_verification(family, eagle):
+    """A batch's rows growing EAGLE-2 dynamic trees with tensor ops (the CUDA default) keep their kept trees on the
+    device until the batch's one verification read, which carries every row's shape: one read a round (the probe's
+    read counter: ``.tolist()``, ``.item()``, ``int()`` ... outside the module forwards); every row equals its own
+    generate."""
+    from headway.bench.runtime_probe import Meter, counted_reads, drafter_modules, metered
 
     target, pad = family.target, family.target.generation_config.pad_token_id
-    sizes, alone = [], []
-    together, run = HostRead.run_together.__func__, HostRead.run
-    def counted(cls, requests, state):
-        sizes.append(len(requests))
-        return together(cls, requests, state)
-
-    monkeypatch.setattr(HostRead, "run_together", classmethod(counted))
-    monkeypatch.setattr(HostRead, "run", lambda self: alone.append(1) or run(self))
     gen = SpeculativeGenerator(target, eagle[3], tree={"depth": 3, "top_k": 3, "total_tokens": 8})
     gen.drafter.tensor_rounds = True
     prompts = family.prompts[:3]
     ids, mask = left_pad(prompts, pad)
-    out = gen.generate(ids, attention_mask=mask, max_new_tokens=16)
-    assert_rows_equal_generate(target, out, prompts, ids, 16, pad)
-    assert sizes and max(sizes) == 3 and not alone
+    counts = {}
+    for budget in (6, 16):
+        meter = Meter()
+        with metered(meter, [target] + drafter_modules(eagle[3])), counted_reads(meter):
+            out = gen.generate(ids, attention_mask=mask, max_new_tokens=budget)
+        assert_rows_equal_generate(target, out, prompts, ids, budget, pad)
+        counts[budget] = meter.reads, out.stats.target_forward_passes
+    (reads6, passes6), (reads16, passes16) = counts[6], counts[16]
+    assert passes16 > passes6 and reads16 - reads6 <= passes16 - passes6, counts

@@ -9,7 +9,7 @@ import torch
 from headway.heads.dflash import DFlashHead
 from headway.inference import SpeculativeGenerator
 from headway.inference.expand import DynamicTree
-from tests.inference.spec_utils import assert_batch_equals_rows
+from tests.inference.spec_utils import assert_batch_equals_rows, left_pad
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,25 @@ def test_one_block_per_round_and_the_context_only_stays(family, heads, monkeypat
 def test_a_batch_equals_its_rows_alone(family, heads, tree):
     gen = SpeculativeGenerator(family.target, dflash_for(family, heads), tree=tree)
     assert_batch_equals_rows(gen, family)
+
+
+def test_a_batchs_dynamic_trees_are_read_with_its_verification(family, heads):
+    """Each row's dynamic tree stays on the device until the batch's one verification read carries its shape: one
+    read a round for the whole batch (the runtime probe's counter), where each row read its own tree before."""
+    from headway.bench.runtime_probe import Meter, counted_reads, metered
+
+    head = dflash_for(family, heads)
+    gen = SpeculativeGenerator(family.target, head, tree=DYNAMIC)
+    pad = family.target.generation_config.pad_token_id
+    ids, mask = left_pad(family.prompts[:3], pad)
+    counts = {}
+    for budget in (4, 12):
+        meter = Meter()
+        with metered(meter, [family.target, head]), counted_reads(meter):
+            out = gen.generate(ids, attention_mask=mask, max_new_tokens=budget)
+        counts[budget] = meter.reads, out.stats.target_forward_passes
+    (reads4, passes4), (reads12, passes12) = counts[4], counts[12]
+    assert passes12 > passes4 and reads12 - reads4 <= passes12 - passes4, counts
 
 
 def test_a_dynamic_tree_is_eagle2s_rule_over_the_blocks_rows(family, heads):

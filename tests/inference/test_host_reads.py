@@ -26,19 +26,20 @@ def drafter_of(kind, target):
 
 @pytest.mark.parametrize("kind,tree,reads", [("eagle3", "chain-3", 1), ("eagle3", "tree-7", 1), ("medusa", "tree-7", 1),
                                              ("medusa", None, 1), ("lookup", None, 1),
-                                             ("eagle3", None, 2),  # a dynamic tree: its shape, then the verification
+                                             ("eagle3", None, 1),  # a dynamic tree: its shape read with the verification
                                              ("peagle", None, 1), ("dflash", "chain-3", 1), ("dflash", "tree-7", 1),
-                                             ("dflash", None, 2),  # its default, a dynamic tree: shape, verification
+                                             ("dflash", None, 1),  # its default, a dynamic tree, read the same way
                                              ("layerskip", None, 1), ("draft-model", "chain-3", 1),
                                              ("draft-model", "tree-7", 1), ("lookahead", None, 1), ("suffix", None, 1),
                                              ("eagle3+lookup", "tree-7", 2),
-                                             ("eagle3+suffix", "tree-7", 2)])  # merging the drafts reads them
+                                             ("eagle3+suffix", "tree-7", 2),  # merging the drafts reads them
+                                             ("eagle3+suffix", None, 2)])  # a dynamic tree's shape read with the merge
 def test_a_greedy_round_reads_the_device_once(tiny_llama, kind, tree, reads):
     target = tiny_llama[0]
     drafter = drafter_of(kind, target)
     gen = SpeculativeGenerator(target, drafter, tree=tree)
-    if kind == "eagle3":
-        gen.drafter.tensor_rounds = True  # the CUDA default (a CPU grows dynamic trees on the host, reading per level)
+    if kind.startswith("eagle3"):  # the CUDA default (a CPU grows dynamic trees on the host, reading per level)
+        (gen.drafter.drafters[0] if "+" in kind else gen.drafter).tensor_rounds = True
     if kind == "layerskip":
         gen.drafter.early_stop = False  # the CUDA default (a CPU stops after an unlikely token: a read per token)
     prompt = torch.tensor([5, 9, 14, 5, 9, 14, 22, 5, 9])  # a repeat, so prompt lookup drafts
@@ -113,3 +114,49 @@ def test_greedy_verification_from_logits_takes_the_argmax_of_the_rows_it_reads_o
     wide = Tree([-1, 0, 0, 0, 0, 1, 1, 2])  # 3 nodes with children + the leaf: 4 rows of 8
     assert wide.inner_rows(cpu)[0].tolist() == [0, 1, 2]
     assert Tree([-1, 0, 1, 2]).inner_rows(cpu) is None  # a chain: all but its last + the leaf is every row
+
+
+def test_a_dynamic_tree_stays_on_the_device_until_one_read_gives_its_shape(monkeypatch):
+    """``grow_dynamic_tensors`` reads nothing: its tree is a ``DeviceTree`` whose masks, depths and greedy tensors
+    come from the device and equal those of the host's tree for the same logits (``expand_dynamic``); its shape comes
+    with one read, from tree="auto"'s cut (``host_scored``: scores and parents together) or from a use before it."""
+    from headway.inference.auto import host_scored
+    from headway.inference.expand import DynamicTree, expand_dynamic, expand_dynamic_tensors
+    from headway.inference.tree import DeviceTree
+
+    torch.manual_seed(3)
+    settings = DynamicTree(depth=4, top_k=3, total_tokens=9)
+    table = torch.randn(64, 40)  # a node's logits: a function of its token, the same for both growths
+
+    def rows_feed(tokens, parent_rows, depth, allowed):
+        return table[tokens]
+
+    def host_feed(exp, nodes):
+        return table[exp.tokens[torch.tensor(nodes)] if isinstance(exp.tokens, torch.Tensor) else
+                     torch.tensor([exp.tokens[n] for n in nodes])]
+
+    root = table[7]
+    want = expand_dynamic(settings, 10, 7, root, host_feed)
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or tolist(self))
+    for use in ("scores", "parents"):
+        draft = expand_dynamic_tensors(settings, 10, 7, root, rows_feed)
+        tree = draft.tree
+        assert isinstance(tree, DeviceTree) and not tree.settled and tree.size == want.tree.size and not reads
+        dtype = torch.float32
+        for mine, theirs in zip(tree.device_tensors(torch.device("cpu"), dtype),
+                                want.tree.device_tensors(torch.device("cpu"), dtype)):
+            assert torch.equal(mine, theirs)
+        for mine, theirs in zip(tree.greedy_tensors(torch.device("cpu")), want.tree.greedy_tensors(torch.device("cpu"))):
+            assert torch.equal(mine, theirs)
+        assert not reads and not tree.is_chain
+        if use == "scores":
+            scored = host_scored(draft)
+            assert len(reads) == 1 and tree.settled
+            assert scored.scores == pytest.approx(want.scores, rel=1e-6)
+        else:
+            assert tree.parents == want.tree.parents and len(reads) == 1  # read on first use
+        assert tree.parents == want.tree.parents and tree.depths == want.tree.depths
+        assert tree.children == want.tree.children and draft.tokens.tolist() == want.tokens.tolist()
+        reads.clear()

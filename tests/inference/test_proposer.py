@@ -7,7 +7,7 @@ import torch
 from headway.heads import MedusaConfig, MedusaHeads
 from headway.inference import DraftModelProposer, MedusaProposer, PromptLookup, SpeculativeGenerator
 from headway.inference.hybrid import HybridProposer
-from headway.inference.proposer import HostRead, Proposer, as_proposer, root_draft, root_only, sample_children
+from headway.inference.proposer import Proposer, as_proposer, root_draft, root_only, sample_children
 from headway.inference.verify import SamplingParams, probs
 from tests.inference.spec_utils import draft_context
 
@@ -120,16 +120,3 @@ def test_rows_run_side_by_side_with_one_pass_per_kind_and_key():
     assert [int(d.tokens[0]) for d in drafts] == [8, 10, 28, 2]
     assert [int(run_alone(steps(*row)).tokens[0]) for row in rows] == [8, 10, 28, 2]
     assert calls == [("a", [1, 5]), ("b", [7]), ("a", [2]), ("b", [14]), ("a", [4])]
-
-
-def test_a_batchs_host_reads_are_one_read_and_give_each_row_its_own_list(monkeypatch):
-    """``HostRead.run_together`` reads the rows' tensors (of any shape) in one ``tolist`` and gives each row what
-    its own ``tolist`` gives."""
-    rows = [torch.arange(10, dtype=torch.float64).reshape(5, 2), torch.arange(15.0, dtype=torch.float64).reshape(5, 3),
-            torch.zeros(5, 0, dtype=torch.float64), torch.tensor(7.0, dtype=torch.float64), torch.arange(3.0).double()]
-    requests = [HostRead(t) for t in rows]
-    assert len({r.key for r in requests}) == 1  # one dtype and device: one group in a batch
-    reads = []
-    tolist = torch.Tensor.tolist
-    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or tolist(self))
-    assert HostRead.run_together(requests, {}) == [tolist(t) for t in rows] and len(reads) == 1
