@@ -171,8 +171,8 @@ def test_dynamic_tree_settings():
 @pytest.mark.parametrize("depth,top_k,total", [(3, 4, 7), (5, 3, 7), (6, 4, 15), (4, 2, 30), (2, 5, 3)])
 @pytest.mark.parametrize("prune", [True, False])
 def test_dynamic_tree_as_tensor_ops_keeps_the_host_versions_tree(depth, top_k, total, prune):
-    """Fixed shapes, one read: the same kept tree, tokens and scores as ``expand_dynamic``; each fed row sees
-    exactly its fed ancestors and itself."""
+    """Fixed shapes, no read (the kept shape is read on its first host use): the same kept tree, tokens and scores
+    as ``expand_dynamic``; each fed row sees exactly its fed ancestors and itself."""
     vocab = 40
 
     def logits_of(path, seed):  # a drafter whose logits depend on the whole path
