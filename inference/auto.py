@@ -412,15 +412,29 @@ class AutoTree:
 def host_scored(draft: Draft) -> Draft:
     """``draft`` with the scores a drafter left on the device read to the host, and a device tree's shape with them
     (one read); a sampled draft as it is, its scores never read (``AutoTree._conds`` judges it by the root's row of q)."""
-    if draft.q is None and isinstance(draft.scores, torch.Tensor):
-        pending = draft.tree.pending_parents() if isinstance(draft.tree, DeviceTree) else None
-        if pending is None:
-            return dataclasses.replace(draft, scores=draft.score_list())
-        wide = exact_float(pending.device)
-        scores, parents = torch.stack([draft.scores.to(wide), pending.to(wide)]).tolist()
-        draft.tree.settle([int(p) for p in parents])
-        return dataclasses.replace(draft, scores=scores)
-    return draft
+    return host_scored_rows([draft])[0]
+
+
+def host_scored_rows(drafts: list[Draft]) -> list[Draft]:
+    """``host_scored`` of each of a batch's drafts, every read among them in one."""
+    unread = [i for i, d in enumerate(drafts) if d.q is None and isinstance(d.scores, torch.Tensor)]
+    if not unread:
+        return list(drafts)
+    parts = []  # per unread draft: its scores, then its parents while its tree is on the device
+    for i in unread:
+        pending = drafts[i].tree.pending_parents() if isinstance(drafts[i].tree, DeviceTree) else None
+        parts += [drafts[i].scores] + ([] if pending is None else [pending])
+    wide = exact_float(parts[0].device)  # node indices exact beside the scores
+    flat = torch.cat([t.reshape(-1).to(wide) for t in parts]).tolist()
+    out, at = list(drafts), 0
+    for i in unread:
+        d, n = drafts[i], drafts[i].tree.size
+        scores, at = flat[at:at + n], at + n
+        if isinstance(d.tree, DeviceTree) and not d.tree.settled:
+            d.tree.settle([int(p) for p in flat[at:at + n]])
+            at += n
+        out[i] = dataclasses.replace(d, scores=scores)
+    return out
 
 
 def prune(draft: Draft, keep: list[int]) -> Draft:

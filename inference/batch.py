@@ -33,7 +33,7 @@ import torch
 
 from headway.heads.target.features import FeatureCapture
 from headway.inference import vocab_reduce
-from headway.inference.auto import host_scored, prune
+from headway.inference.auto import host_scored, host_scored_rows, prune
 from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, repack_rows
 from headway.inference.processors import GenerationSetup, apply_processors
 from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, greedy_read, root_draft, run_rows
@@ -132,8 +132,11 @@ def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator)
         drafted.append(did)
         if did:
             steps.append(row.proposer.propose_steps(ctx))
-    made = iter(run_rows(steps))
+    made = run_rows(steps)
     seconds = (time.perf_counter() - t0) / max(1, len(steps))
+    if any(row.auto is not None for row in live):  # the rows' scores (and device trees' shapes) in one read
+        made = host_scored_rows(made)
+    made = iter(made)
     drafts = []
     for row, did in zip(live, drafted):
         if not did:
@@ -143,7 +146,7 @@ def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator)
         row.stats.time_draft += seconds
         if row.auto is not None:
             tc = time.perf_counter()
-            full = host_scored(draft)
+            full = host_scored(draft)  # read above
             draft = row.auto.select(full, row.length, seconds)
             row.ranked = (full, *row.auto.ranked)
             row.stats.time_control += time.perf_counter() - tc

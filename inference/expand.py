@@ -26,7 +26,7 @@ import torch
 
 from headway.heads.values import parse_bool
 from headway.inference import vocab_reduce
-from headway.inference.proposer import Draft, sample_children
+from headway.inference.proposer import Draft, exact_float, sample_children
 from headway.inference.tree import Tree, device_tree
 from headway.inference.verify import SamplingParams
 
@@ -373,7 +373,11 @@ def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int,
     order = torch.cat([keep.new_zeros(1), keep[torch.argsort(depths[keep], stable=True)]])  # [N] old ids, root first
     index = torch.zeros(score.shape[0], dtype=torch.long, device=device)
     index[order] = torch.arange(order.shape[0], device=device)  # old id -> new
+    scores = score[order].to(exact_float(device)).exp()  # [N] (float64 as the host growth's, where there is one)
+    n = order.shape[0]
+    if k == 1 or total == 1:  # a chain, known without a read: verified under the causal mask as every chain is
+        return Draft(Tree(list(range(-1, n - 1)), name=settings.name), tokens[order], None, scores=scores)
     new_parents = index[parents[order].clamp(min=0)]
     new_parents[0] = -1
     tree = device_tree(new_parents, depths[order], depth, name=settings.name)
-    return Draft(tree, tokens[order], None, scores=score[order].exp())
+    return Draft(tree, tokens[order], None, scores=scores)

@@ -160,3 +160,41 @@ def test_a_dynamic_tree_stays_on_the_device_until_one_read_gives_its_shape(monke
         assert tree.parents == want.tree.parents and tree.depths == want.tree.depths
         assert tree.children == want.tree.children and draft.tokens.tolist() == want.tokens.tolist()
         reads.clear()
+    for one in (DynamicTree(depth=4, top_k=1, total_tokens=3), DynamicTree(depth=4, top_k=3, total_tokens=1)):
+        chained = expand_dynamic_tensors(one, 10, 7, root, rows_feed)  # a chain: known on the host, no read
+        assert not isinstance(chained.tree, DeviceTree) and chained.tree.is_chain and not reads
+        assert chained.tree.parents == expand_dynamic(one, 10, 7, root, host_feed).tree.parents
+        reads.clear()  # (the host growth's)
+
+
+def test_a_batchs_scores_and_device_shapes_are_read_once_for_the_cut(monkeypatch):
+    """``host_scored_rows``: tree="auto"'s cut over a batch reads every row's device scores and device tree shape in
+    one read (a sampled draft's scores never; host scores as they are), each row getting its own."""
+    from headway.inference.auto import host_scored_rows
+    from headway.inference.expand import DynamicTree, expand_dynamic, expand_dynamic_tensors
+    from headway.inference.proposer import Draft
+    from headway.inference.tree import DeviceTree, chain
+
+    table = torch.randn(64, 40, generator=torch.Generator().manual_seed(5))
+
+    def rows_feed(tokens, parent_rows, depth, allowed):
+        return table[tokens]
+
+    def host_feed(exp, nodes):
+        return table[torch.tensor([int(exp.tokens[n]) for n in nodes])]
+
+    settings = [DynamicTree(depth=3, top_k=2, total_tokens=5), DynamicTree(depth=4, top_k=3, total_tokens=8)]
+    want = [expand_dynamic(s, 10, 7 + i, table[7 + i], host_feed) for i, s in enumerate(settings)]
+    drafts = [expand_dynamic_tensors(s, 10, 7 + i, table[7 + i], rows_feed) for i, s in enumerate(settings)]
+    static = Draft(chain(2), torch.tensor([3, 4, 5]), None, scores=torch.tensor([1.0, 0.5, 0.25]))
+    host = Draft(chain(1), torch.tensor([3, 4]), None, scores=[1.0, 0.5])
+    sampled = Draft(chain(1), torch.tensor([3, 4]), {0: torch.ones(40) / 40}, scores=torch.tensor([1.0, 0.5]))
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or tolist(self))
+    out = host_scored_rows([drafts[0], static, host, sampled, drafts[1]])
+    assert len(reads) == 1
+    for got, ref in zip((out[0], out[4]), want):
+        assert isinstance(got.tree, DeviceTree) and got.tree.settled and got.tree.parents == ref.tree.parents
+        assert got.scores == pytest.approx(ref.scores, rel=1e-6)
+    assert out[1].scores == [1.0, 0.5, 0.25] and out[2] is host and out[3].scores is sampled.scores
