@@ -379,5 +379,5 @@ def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int,
         return Draft(Tree(list(range(-1, n - 1)), name=settings.name), tokens[order], None, scores=scores)
     new_parents = index[parents[order].clamp(min=0)]
     new_parents[0] = -1
-    tree = device_tree(new_parents, depths[order], depth, name=settings.name)
+    tree = device_tree(new_parents, depths[order], depth, k, name=settings.name)
     return Draft(tree, tokens[order], None, scores=scores)

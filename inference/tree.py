@@ -270,9 +270,11 @@ class DeviceTree(Tree):
 
     _HOST = ("parents", "depths", "children", "ranks")
 
-    def __init__(self, parents: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor, name: str | None = None):
+    def __init__(self, parents: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor, max_depth: int,
+                 max_children: int, name: str | None = None):
         self._tensors = (parents, depths, ancestors)  # [N], [N], [N, N]
         self._n, self.name = parents.shape[0], name
+        self._bounds = (max_depth, max_children)  # known on the host: the sampling rule's loop sizes
         self._device_cache: dict = {}
         self._truncated: dict[int, Tree] = {}
         self.settled = False
@@ -325,10 +327,27 @@ class DeviceTree(Tree):
         # which nodes have children is the host's to know: before the read every node's row is reduced
         return super().inner_rows(device) if self.settled else None
 
+    def sampling_tensors(self, device: torch.device) -> tuple[torch.Tensor, int]:
+        """(children [N, K] long, -1 padded, in node order; a depth bound) from the device parents, K and the depth
+        the tree's bounds (``verify_sampling_tensors`` runs a level or a sibling past the real ones as a no-op)."""
+        def build():
+            parents = self._tensors[0]
+            depth, k = self._bounds
+            nodes = torch.arange(self._n, device=parents.device)
+            kid = parents[None, :] == nodes[:, None]  # [N, N] node j is a child of node i
+            place = torch.where(kid, kid.long().cumsum(1) - 1, k).clamp(max=k)  # [N, N] j's place among i's, else K
+            table = torch.full((self._n, k + 1), -1, dtype=torch.long, device=parents.device)
+            table.scatter_(1, place, nodes.expand(self._n, -1))  # column K takes the non-children: dropped
+            return table[:, :k].to(device), depth
 
-def device_tree(parents: torch.Tensor, depths: torch.Tensor, max_depth: int, name: str | None = None) -> DeviceTree:
+        return self.cached(("sampling", device), build)
+
+
+def device_tree(parents: torch.Tensor, depths: torch.Tensor, max_depth: int, max_children: int,
+                name: str | None = None) -> DeviceTree:
     """The ``DeviceTree`` of parents [N] long (the root's -1, parents before children) and depths [N] long, at most
-    ``max_depth`` deep: its ancestor mask by ``max_depth`` hops up the parents, tensor ops only."""
+    ``max_depth`` deep and ``max_children`` wide: its ancestor mask by ``max_depth`` hops up the parents, tensor
+    ops only."""
     n, device = parents.shape[0], parents.device
     up = parents.clamp(min=0)  # the root is its own parent
     rows = torch.arange(n, device=device)
@@ -337,7 +356,7 @@ def device_tree(parents: torch.Tensor, depths: torch.Tensor, max_depth: int, nam
     for _ in range(max_depth):
         at = up[at]  # [N] each node's ancestor one hop further up
         ancestors[rows, at] = True
-    return DeviceTree(parents, depths, ancestors, name=name)
+    return DeviceTree(parents, depths, ancestors, max_depth, max_children, name=name)
 
 
 def chain(depth: int) -> Tree:

@@ -213,7 +213,8 @@ def test_sampling_wiring(models, wiring_cases, drafter, setting, monkeypatch):
 
 # the rule as tensor ops on the device (the CUDA default), forced here on the CPU: one case per way a draft carries q
 # (a [N, V] tensor or a dict; none: one-hot) and per drafter that drafts a block or chain in one pass
-DEVICE_CASES = ["draft-tree", "medusa-tree", "lookup-chain", "eagle3-tree", "peagle-chain", "dflash-tree", "hybrid-medusa"]
+DEVICE_CASES = ["draft-tree", "medusa-tree", "lookup-chain", "eagle3-tree", "peagle-chain", "dflash-tree", "hybrid-medusa",
+                "dflash-dynamic"]  # a tree whose shape is still on the device (its children table built there)
 
 
 @pytest.mark.parametrize("drafter", DEVICE_CASES)

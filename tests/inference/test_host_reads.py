@@ -150,7 +150,9 @@ def test_a_dynamic_tree_stays_on_the_device_until_one_read_gives_its_shape(monke
             assert torch.equal(mine, theirs)
         for mine, theirs in zip(tree.greedy_tensors(torch.device("cpu")), want.tree.greedy_tensors(torch.device("cpu"))):
             assert torch.equal(mine, theirs)
-        assert not reads and not tree.is_chain
+        kids, bound = tree.sampling_tensors(torch.device("cpu"))  # the sampling rule's children table, no read
+        assert not reads and not tree.is_chain and bound == 4 and kids.shape == (tree.size, 3)
+        assert [[c for c in row if c >= 0] for row in tolist(kids)] == want.tree.children
         if use == "scores":
             scored = host_scored(draft)
             assert len(reads) == 1 and tree.settled
