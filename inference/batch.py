@@ -123,7 +123,7 @@ def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator)
         row.ranked = None
         ctx = DraftContext(row.seq[:row.length], row.features, gen.tree, max_new_tokens - row.stats.new_tokens - 1,
                            sampling, generator, gate=row.auto.gate if row.auto is not None else None,
-                           host_tokens=row.host)
+                           host_tokens=row.host, scored=row.auto is not None)
         if did and row.auto is not None:  # a drafter that lost is tested first (AutoTree.probe_first)
             did, probed = row.auto.probe_first(row.proposer, ctx)
             if probed:

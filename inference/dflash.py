@@ -119,7 +119,7 @@ class DFlashProposer(Proposer):
 
         head = self.head
         return expand_static(tree, ctx.root_token, logits[0], feed, ctx.sampling, ctx.generator, head.to_target_ids,
-                             head.widen)
+                             head.widen, ctx.scored)
 
     def _dynamic(self, ctx: DraftContext, tree: DynamicTree) -> Draft:
         """An EAGLE-2 dynamic tree over the block's rows: a level's every row is its depth's slot (the slots never

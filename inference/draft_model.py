@@ -141,7 +141,7 @@ class DraftModelProposer(Proposer):
         elif tree.is_chain:
             draft = self._chain(ctx, tree, logits)
         else:
-            draft = expand_static(tree, ctx.root_token, logits, feed, ctx.sampling, ctx.generator)
+            draft = expand_static(tree, ctx.root_token, logits, feed, ctx.sampling, ctx.generator, scored=ctx.scored)
         crop_to(self._cache, length)  # drop every draft entry: the cache holds the context only
         return draft
 
@@ -151,13 +151,15 @@ class DraftModelProposer(Proposer):
         for d in range(tree.depth):
             tok, dist = sample_children(logits[None], 1, ctx.sampling, ctx.generator)  # [1, 1], [1, V]
             tokens.append(tok[0])
-            drawn.append((dist[0] if dist is not None else logits.float().softmax(-1))[tok[0]])  # [1], on the device
+            if ctx.scored:
+                drawn.append((dist[0] if dist is not None else logits.float().softmax(-1))[tok[0]])  # [1], on the device
             if dist is not None:
                 q[d] = dist[0]
             if d + 1 < tree.depth:
                 logits = self.fit_vocab(chain_forward(self.model, self._cache, tok[0], length + d))
         # the chain's draft probability so far at each node, left on the device until tree="auto" reads it
-        scores = torch.cat([drawn[0].new_ones(1).float(), torch.cat(drawn).float().cumprod(0)]) if drawn else [1.0]
+        scores = torch.cat([drawn[0].new_ones(1).float(), torch.cat(drawn).float().cumprod(0)]) if drawn else \
+            [1.0] if ctx.scored else None
         return Draft(tree, torch.cat(tokens), q if ctx.sampling is not None else None, scores=scores)
 
     def _feed(self, length: int, device: torch.device):

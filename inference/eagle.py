@@ -182,7 +182,7 @@ class EagleProposer(Proposer):
             growth = grow_dynamic(tree, ctx.max_depth, ctx.root_token, root_logits, head.to_target_ids)
         else:
             growth = grow_static(tree, ctx.root_token, root_logits, ctx.sampling, ctx.generator, head.to_target_ids,
-                                 self._widen)
+                                 self._widen, ctx.scored)
         hidden = {0: root_h}  # node -> its output h' (what its children read)
         try:
             exp, nodes = next(growth)

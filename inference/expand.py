@@ -173,34 +173,35 @@ def _fed(exp: Expansion, nodes: list[int]) -> Generator[tuple[Expansion, list[in
 def expand_static(tree: Tree, root_token: int, root_logits: torch.Tensor, feed: Feed,
                   sampling: SamplingParams | None, generator: torch.Generator | None,
                   to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
-                  widen: Callable[[torch.Tensor], torch.Tensor] = lambda q: q) -> Draft:
+                  widen: Callable[[torch.Tensor], torch.Tensor] = lambda q: q, scored: bool = True) -> Draft:
     """``grow_static`` with its feeds run by ``feed``."""
-    return drive(grow_static(tree, root_token, root_logits, sampling, generator, to_target, widen), feed)
+    return drive(grow_static(tree, root_token, root_logits, sampling, generator, to_target, widen, scored), feed)
 
 
 def grow_static(tree: Tree, root_token: int, root_logits: torch.Tensor, sampling: SamplingParams | None,
                 generator: torch.Generator | None, to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
-                widen: Callable[[torch.Tensor], torch.Tensor] = lambda q: q) -> Growth:
+                widen: Callable[[torch.Tensor], torch.Tensor] = lambda q: q, scored: bool = True) -> Growth:
     """Fill ``tree`` level by level. root_logits: [V'] the drafter's logits after the root.
 
     ``to_target`` maps indices of the drafter's logits to target token ids, ``widen`` a [V']
     distribution to the target's [V] (both identity for a full vocabulary). Everything stays on the
     device: the tokens, and the scores (a node's draft probability multiplied along its path, which
-    tree="auto" reads once)."""
+    tree="auto" reads once; ``scored`` False: nothing reads them this round, none are computed)."""
     device = root_logits.device
     tokens = torch.empty(tree.size, dtype=torch.long, device=device)  # [N]
     tokens[0] = root_token
-    scores = torch.ones(tree.size, dtype=torch.float32, device=device)  # [N]
+    scores = torch.ones(tree.size, dtype=torch.float32, device=device) if scored else None  # [N]
     exp = Expansion(list(tree.parents), tokens, list(tree.depths), tree=tree)
     q = {}
     logits = root_logits[None]  # [R, V'] the logits of this level's frontier
     for level in static_levels(tree, device):
         cand, dist = sample_children(logits, level.k, sampling, generator)  # [R, k], [R, V'] | None
         at = level.ranked if dist is None else level.drawn  # [C] in [R, k]: the rank-r token, or the j-th draw
-        p = (dist if dist is not None else logits.float().softmax(-1)).gather(1, cand)  # [R, k]
         # flat gathers and index copies: a few microseconds each where tensor subscripts cost twice that
         tokens.index_copy_(0, level.kids, to_target(cand.take(at)))
-        scores.index_copy_(0, level.kids, scores.index_select(0, level.parents) * p.take(at))
+        if scored:
+            p = (dist if dist is not None else logits.float().softmax(-1)).gather(1, cand)  # [R, k]
+            scores.index_copy_(0, level.kids, scores.index_select(0, level.parents) * p.take(at))
         if dist is not None:
             for row, node in enumerate(level.frontier):
                 q[node] = widen(dist[row])

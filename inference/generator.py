@@ -267,7 +267,8 @@ class SpeculativeGenerator:
                 t0 = time.perf_counter()
                 drafted = auto is None or auto.should_draft(drafter.gated)
                 ctx = DraftContext(seq[:length], features, self.tree, budget - 1, sampling, generator,
-                                   gate=auto.gate if auto is not None and pending is None else None, host_tokens=host)
+                                   gate=auto.gate if auto is not None and pending is None else None, host_tokens=host,
+                                   scored=auto is not None)
                 if drafted and auto is not None and pending is None:  # a drafter that lost is tested first
                     drafted, probed = auto.probe_first(drafter, ctx)
                     if probed:  # it took in every feature but the root's

@@ -68,6 +68,8 @@ class MedusaProposer(Proposer):
         top = self.heads.to_target_ids(best.indices.reshape(-1))  # [D * k] target ids
         index = _flat_index(tree, k, top.device)  # [N - 1]
         tokens = torch.cat([ctx.tokens[-1:], top[index]])  # [N]
+        if not ctx.scored:
+            return Draft(tree, tokens)
         # a node's heads' probabilities multiplied along its path, on the device (tree="auto" reads them once)
         own = torch.cat([best.values.new_ones(1), best.values.reshape(-1)[index], best.values.new_ones(1)])  # [N + 1]
         scores = own[_path_table(tree, top.device)].prod(-1)  # [N]

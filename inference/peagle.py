@@ -59,7 +59,7 @@ class PEagleProposer(EagleProposer):
         logits = few_rows_linear(*head.projection(rows)).float()  # [depth, V']
         if ctx.sampling is None:
             picked = vocab_reduce.argmax(logits)  # [depth]
-            chosen = logits.softmax(-1).gather(1, picked[:, None])[:, 0]
+            chosen = logits.softmax(-1).gather(1, picked[:, None])[:, 0] if ctx.scored else None
             q = None
         else:
             dist = probs(logits, ctx.sampling)  # [depth, V']
@@ -67,7 +67,7 @@ class PEagleProposer(EagleProposer):
             chosen = dist.gather(1, picked[:, None])[:, 0]
             q = {i: self._widen(dist[i]) for i in range(depth)}  # node i's child was drawn from q[i]
         tokens = torch.cat([ctx.tokens[-1:], head.to_target_ids(picked)])  # [depth + 1]
-        scores = torch.cat([chosen.new_ones(1), chosen.cumprod(0)])
+        scores = torch.cat([chosen.new_ones(1), chosen.cumprod(0)]) if ctx.scored else None
         return Draft(chain(depth), tokens, q=q, scores=scores)
 
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:

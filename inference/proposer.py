@@ -36,6 +36,8 @@ class DraftContext:
     # the same tokens as ``tokens``, on the host (the generator keeps this mirror from the values it reads once per
     # round): a drafter reads the root or searches the context here without a device read. Read-only. None: absent
     host_tokens: list[int] | None = None
+    # False: nothing reads the draft's scores this round (no tree="auto"), so a drafter may skip them (Draft.scores None)
+    scored: bool = True
 
     @property
     def root_token(self) -> int:

@@ -48,6 +48,29 @@ def test_auto_greedy_equals_generate_for_every_drafter_kind(models, kind):
         assert out.stats.plain_steps <= out.stats.target_forward_passes
 
 
+@pytest.mark.parametrize("kind,tree", [("medusa", [[0], [1], [0, 0]]), ("draft-model", "tree-7"), ("draft-model", "chain-3"),
+                                       ("eagle3", "tree-7"), ("eagle3", "chain-3")])
+def test_a_fixed_tree_skips_the_scores_only_auto_reads(models, kind, tree, monkeypatch):
+    """Draft.scores are tree="auto"'s to read (and a hybrid's under it): with a fixed tree a model drafter computes
+    none (DraftContext.scored False: a softmax and a handful of gathers a level saved), under auto every drafted
+    round carries them; the output is the target's either way."""
+    target = models["target"]
+    seen = []
+    real = SpeculativeGenerator._accept
+    monkeypatch.setattr(SpeculativeGenerator, "_accept",
+                        lambda self, draft, *a, **k: seen.append(draft) or real(self, draft, *a, **k))
+    for fixed in (tree, "auto"):
+        seen.clear()
+        curve = made_up_curve(0.01) if fixed == "auto" else None
+        gen = SpeculativeGenerator(target, drafters(models)[kind], tree=fixed, cost_curve=curve)
+        ids = torch.tensor([LONG_PROMPT])
+        out = gen.generate(ids, max_new_tokens=16)
+        assert torch.equal(out.sequences, reference_generate(target, ids, 16, eos_token_id=None)), fixed
+        drafted = [d for d in seen if d.tree.size > 1]
+        assert drafted, fixed
+        assert all((d.scores is None) == (fixed != "auto") for d in drafted), fixed
+
+
 class Counting(Proposer):
     """A drafter wrapper counting its propose calls."""
 
