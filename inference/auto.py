@@ -411,7 +411,8 @@ class AutoTree:
 
 def host_scored(draft: Draft) -> Draft:
     """``draft`` with the scores a drafter left on the device read to the host, and a device tree's shape with them
-    (one read); a sampled draft as it is, its scores never read (``AutoTree._conds`` judges it by the root's row of q)."""
+    (one read); a sampled draft as it is, its scores never read (``AutoTree._conds`` judges it by the root's row
+    of q)."""
     return host_scored_rows([draft])[0]
 
 

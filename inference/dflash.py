@@ -10,9 +10,9 @@ The default tree is EAGLE-2's dynamic tree over the block's rows (depth B - 1, t
 EAGLE's CPU default; ``tree={"depth": d, "top_k": k, "total_tokens": n}`` sets it): every depth-d
 node's children are the top-k of slot d + 1's row (the row that scores depth d + 1), the frontier the
 k best paths by cumulative log-probability, the n best nodes kept (``grow_dynamic_tensors``: tensor
-ops, the kept tree's shape read with the verification; candidates deterministic, verified as one-hot drafts in greedy and
-sampled decoding alike), at no drafter cost beyond the block's one pass. ``tree="auto"`` cuts it per
-round (the eight task groups, 3 prompts x 2 repeats, BENCHMARKS.md: 1.09x plain on average against
+ops, the kept tree's shape read with the verification; candidates deterministic, verified as one-hot
+drafts in greedy and sampled decoding alike), at no drafter cost beyond the block's one pass.
+``tree="auto"`` cuts it per round (the eight task groups, 3 prompts x 2 repeats, BENCHMARKS.md: 1.09x plain on average against
 1.01x cutting the block's chain, ahead of it in every group). A static tree (a chain, ``tree-7``, ...)
 takes its depth-d candidates from slot d's top-k (greedy) or draws (sampling, each node's children
 drawn from q of its depth: the slots do not read the drawn tokens, so the verifier's q is exactly what

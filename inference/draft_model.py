@@ -151,8 +151,8 @@ class DraftModelProposer(Proposer):
         for d in range(tree.depth):
             tok, dist = sample_children(logits[None], 1, ctx.sampling, ctx.generator)  # [1, 1], [1, V]
             tokens.append(tok[0])
-            if ctx.scored:
-                drawn.append((dist[0] if dist is not None else logits.float().softmax(-1))[tok[0]])  # [1], on the device
+            if ctx.scored:  # [1], on the device
+                drawn.append((dist[0] if dist is not None else logits.float().softmax(-1))[tok[0]])
             if dist is not None:
                 q[d] = dist[0]
             if d + 1 < tree.depth:
