@@ -14,9 +14,9 @@ ops, the kept tree's shape read with the verification; candidates deterministic,
 drafts in greedy and sampled decoding alike), at no drafter cost beyond the block's one pass.
 ``tree="auto"`` cuts it per round (the eight task groups, 3 prompts x 2 repeats, BENCHMARKS.md: 1.09x
 plain on average against 1.01x cutting the block's chain, ahead of it in every group). A static tree (a
-chain, ``tree-7``, ...) takes its depth-d candidates from slot d's top-k (greedy) or draws (sampling, each node's children
-drawn from q of its depth: the slots do not read the drawn tokens, so the verifier's q is exactly what
-was drawn from and sampling stays exact).
+chain, ``tree-7``, ...) takes its depth-d candidates from slot d's top-k (greedy) or draws (sampling, each
+node's children drawn from q of its depth: the slots do not read the drawn tokens, so the verifier's q is
+exactly what was drawn from and sampling stays exact).
 """
 
 from __future__ import annotations
