@@ -65,7 +65,7 @@ import torch
 
 from headway.inference.cost_curve import CostCurve, OnlineCost
 from headway.inference.proposer import Draft, Probe, can_probe, exact_float
-from headway.inference.tree import DeviceTree, Tree
+from headway.inference.tree import Tree
 from headway.inference.target_forward import verify_width
 from headway.inference.graphs import graph_width
 
@@ -421,18 +421,16 @@ def host_scored_rows(drafts: list[Draft]) -> list[Draft]:
     unread = [i for i, d in enumerate(drafts) if d.q is None and isinstance(d.scores, torch.Tensor)]
     if not unread:
         return list(drafts)
-    parts = []  # per unread draft: its scores, then its parents while its tree is on the device
-    for i in unread:
-        pending = drafts[i].tree.pending_parents() if isinstance(drafts[i].tree, DeviceTree) else None
-        parts += [drafts[i].scores] + ([] if pending is None else [pending])
+    pending = [drafts[i].tree.pending_parents() for i in unread]  # a device tree's parents, read with its scores
+    parts = [t for i, p in zip(unread, pending) for t in (drafts[i].scores, p) if t is not None]
     wide = exact_float(parts[0].device)  # node indices exact beside the scores
     flat = torch.cat([t.reshape(-1).to(wide) for t in parts]).tolist()
     out, at = list(drafts), 0
-    for i in unread:
+    for i, p in zip(unread, pending):
         d, n = drafts[i], drafts[i].tree.size
         scores, at = flat[at:at + n], at + n
-        if isinstance(d.tree, DeviceTree) and not d.tree.settled:
-            d.tree.settle([int(p) for p in flat[at:at + n]])
+        if p is not None:
+            d.tree.settle([int(v) for v in flat[at:at + n]])
             at += n
         out[i] = dataclasses.replace(d, scores=scores)
     return out

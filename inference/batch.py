@@ -33,7 +33,7 @@ import torch
 
 from headway.heads.target.features import FeatureCapture
 from headway.inference import vocab_reduce
-from headway.inference.auto import host_scored, host_scored_rows, prune
+from headway.inference.auto import host_scored_rows, prune
 from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, repack_rows
 from headway.inference.processors import GenerationSetup, apply_processors
 from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, greedy_read, root_draft, run_rows
@@ -146,7 +146,7 @@ def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator)
         row.stats.time_draft += seconds
         if row.auto is not None:
             tc = time.perf_counter()
-            full = host_scored(draft)  # read above
+            full = draft  # its scores read above (host_scored_rows)
             draft = row.auto.select(full, row.length, seconds)
             row.ranked = (full, *row.auto.ranked)
             row.stats.time_control += time.perf_counter() - tc

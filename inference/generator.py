@@ -32,7 +32,7 @@ from headway.inference import target_graphs, vocab_reduce
 from headway.inference.graphs import CaptureError, resolve_backend
 from headway.inference.kv_cache import CACHE_SLACK, compact_cache, new_cache
 from headway.inference.processors import apply_processors, prepare_generation
-from headway.inference.tree import DeviceTree, Tree, node_path
+from headway.inference.tree import Tree, node_path
 from headway.inference.target_forward import check_attention, prefill, resume_forward, tree_forward
 from headway.inference.batch import cut_round
 from headway.inference.inputs import check_generation, check_prompt, check_settings, context_length
@@ -451,7 +451,7 @@ class SpeculativeGenerator:
         part and ``observer.observe_outputs`` gets its part first."""
         n = tree.size
         leaf, nxt, tokens = read[0], read[1], read[2:2 + n]
-        if isinstance(tree, DeviceTree) and not tree.settled:
+        if tree.pending_parents() is not None:
             tree.settle(read[len(read) - n:])
         if observer is not None:
             observer.observe_outputs(draft, read[2 + n:2 + 2 * n], tokens)

@@ -30,7 +30,7 @@ import torch
 
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Proposer, can_probe, exact_float,
                                         run_alone)
-from headway.inference.tree import DeviceTree, Tree
+from headway.inference.tree import Tree
 
 
 class HybridProposer(Proposer):
@@ -187,7 +187,7 @@ def read_drafts(drafts: list[Draft], scored: bool) -> tuple[list[list[int]], lis
     """Every draft's tokens, and its scores when ``scored``, on the host in one read (scores already on the host
     are taken as they are)."""
     on_device = [d.tokens for d in drafts] + [d.scores for d in drafts if scored and isinstance(d.scores, torch.Tensor)]
-    shapes = [d.tree for d in drafts if isinstance(d.tree, DeviceTree) and not d.tree.settled]  # read beside them
+    shapes = [d.tree for d in drafts if d.tree.pending_parents() is not None]  # device trees: read beside them
     on_device += [t.pending_parents() for t in shapes]
     wide = exact_float(on_device[0].device)  # token ids exact beside the scores
     flat = torch.cat([t.reshape(-1).to(wide) for t in on_device]).tolist()

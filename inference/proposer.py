@@ -16,7 +16,7 @@ from typing import Generator, NamedTuple
 import torch
 
 from headway.inference import vocab_reduce
-from headway.inference.tree import DeviceTree, Tree, load_tree
+from headway.inference.tree import Tree, load_tree
 from headway.inference.verify import SamplingParams, probs
 
 
@@ -84,7 +84,7 @@ def exact_float(device: torch.device) -> torch.dtype:
 def greedy_read(draft: Draft, head: torch.Tensor, tail=()) -> torch.Tensor:
     """What a round reads once, as one long tensor: [*head (the accepted leaf and the next token), *the draft's N
     tokens, *tail (each [N] long), *the tree's N parents while they are still on the device (a ``DeviceTree``)]."""
-    pending = draft.tree.pending_parents() if isinstance(draft.tree, DeviceTree) else None
+    pending = draft.tree.pending_parents()
     return torch.cat([head, draft.tokens, *tail, *([] if pending is None else [pending])])
 
 

@@ -204,6 +204,11 @@ class Tree:
             self._truncated[max_depth] = Tree(parents, [self.ranks[i] for i in keep], name=self.name)
         return self._truncated[max_depth]
 
+    def pending_parents(self) -> torch.Tensor | None:
+        """The parents [N] still on the device, to read with the round's one read and ``settle`` the host shape
+        from (a ``DeviceTree`` before its read), or None: the host shape is here."""
+        return None
+
     def cached(self, key, build):
         """``build()`` once per key for this tree (device tensors derived from its shape)."""
         if key not in self._device_cache:
