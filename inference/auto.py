@@ -26,9 +26,9 @@ has been timed), t_draft this round's drafting time. The k with the best ratio i
 being a plain step.
 
 A pass costs what its width costs, and the width need not be the node count: for one sequence
-(``pad_cheapest``; a batch's rows share one pass) a pass is padded to the cheapest width up to MAX_PAD
-at least as wide, where the corrected curve says that saves more than 1 - PAD_GAIN of it, and each k
-is priced at that width. On a CPU target with prepacked linears (``headway.inference.cpu_gemm``) a
+(``pad_cheapest``) a pass is padded to the cheapest width up to MAX_PAD at least as wide, where the
+corrected curve says that saves more than 1 - PAD_GAIN of it, and each k is priced at that width (a
+batch's shared pass likewise, over all its rows' tokens: ``headway.inference.batch.fit_widths``). On a CPU target with prepacked linears (``headway.inference.cpu_gemm``) a
 one-token step keeps the unpacked kernel and a pass of 4-6 tokens measured 0.90-0.94 of it, so a
 plain step then runs as the root and its padding (dropped from the cache, as a tree's padding is),
 cheaper than ``generate``'s own step; a step timed to correct t(1) runs unpadded.
@@ -86,6 +86,16 @@ PLAIN_EVERY = 8  # PLAIN_EVERY-th round is a plain step, while drafting pays les
 PLAIN_BELOW = 1.5  # this many tokens per step (above it, t(1)'s error cannot turn the choice)
 MAX_PAD = 8  # one sequence: a pass is padded to the cheapest width up to this many tokens (``AutoTree.width``)
 PAD_GAIN = 0.97  # ... when it costs under this share of the narrower pass (prepacked CPU linears: 4-6 rows ~0.9)
+
+
+def cheapest_width(width: int, cost) -> int:
+    """The width a pass of ``width`` tokens runs at: the cheapest under ``cost(w)`` (its time, in any unit) from
+    ``width`` up to MAX_PAD, where that costs under PAD_GAIN of ``width`` itself; else ``width``."""
+    if width >= MAX_PAD:
+        return width
+    costs = {w: cost(w) for w in range(width, MAX_PAD + 1)}
+    cheapest = min(costs, key=costs.get)
+    return cheapest if costs[cheapest] < PAD_GAIN * costs[width] else width
 
 
 class Backoff:
@@ -160,9 +170,7 @@ class AutoTree:
             return width
         key = (width, prefix_len, is_chain)
         if key not in self._widths:
-            cost = {w: self.cost.rel(w, prefix_len, is_chain) for w in range(width, MAX_PAD + 1)}
-            cheapest = min(cost, key=cost.get)
-            self._widths[key] = cheapest if cost[cheapest] < PAD_GAIN * cost[width] else width
+            self._widths[key] = cheapest_width(width, lambda w: self.cost.rel(w, prefix_len, is_chain))
         return self._widths[key]
 
     def pass_width(self, tree: Tree, prefix_len: int) -> int | None:

@@ -20,7 +20,9 @@ every pad slot under a 4D mask. With ``tree="auto"`` each row chooses its own tr
 confidence, under the cost of widening a *batched* pass: a row's tree of k nodes costs t(B k)/t(B) of a
 plain batched step (``BatchCost``); then, since every row is padded to the widest, one width W for the
 pass is chosen for the whole batch, the one with the most expected tokens (summed over the rows) per
-second (``fit_widths``). So the trees narrow as the batch fills, down to plain batched decoding.
+second (``fit_widths``), padded to the cheapest width at least as wide where that saves time (on a CPU
+target with prepacked linears two rows of one token can cost more than two rows of two). So the trees
+narrow as the batch fills, down to plain batched decoding.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 from headway.heads.target.features import FeatureCapture
 from headway.inference import vocab_reduce
-from headway.inference.auto import host_scored_rows, prune
+from headway.inference.auto import cheapest_width, host_scored_rows, prune
 from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, repack_rows
 from headway.inference.processors import GenerationSetup, apply_processors
 from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, greedy_read, root_draft, run_rows
@@ -154,20 +156,30 @@ def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator)
     return drafts, drafted
 
 
-def fit_widths(live: list[Row], drafts: list[Draft], cost: BatchCost, pad_to: int, prefix_len: int) -> list[Draft]:
+def fit_widths(live: list[Row], drafts: list[Draft], cost: BatchCost, pad_to: int, prefix_len: int
+               ) -> tuple[list[Draft], int]:
     """tree="auto": one width for the whole pass. Every row is padded to the widest row's tree, so a row's own
     choice can cost the others; this verifies at most W nodes per row, W (1 being a plain batched step) the
     one whose expected new tokens, summed over the rows, per second of a [B, W] pass are the most. A row's W
     nodes are its best W (closed under parents; sampled children a prefix of their draw order), so its draft
-    stays what its controller would have cut."""
+    stays what its controller would have cut. Returns the drafts and the pass's width: W padded to the cheapest
+    width at least as wide (``auto.cheapest_width``: on a CPU target with prepacked linears a pass over B W
+    tokens may cost less wider, say 2 rows of 2 tokens against 2 of 1), each W priced at its padded width."""
+    rows = len(live)
+
+    def seconds(width: int) -> float:
+        return cost.online.seconds(rows * width, prefix_len)
+
+    def padded(w: int) -> int:
+        return cheapest_width(verify_width(w, pad_to), seconds)
+
     widest = max(d.tree.size for d in drafts)
     if widest == 1:
-        return drafts
-    rows = len(live)
+        return drafts, padded(1)
 
     def rate(w: int) -> float:
         tokens = sum(row.ranked[2][min(w, len(row.ranked[2])) - 1] if row.ranked else 1.0 for row in live)
-        return tokens / cost.online.seconds(rows * verify_width(w, pad_to), prefix_len)
+        return tokens / seconds(padded(w))
 
     best = max(range(1, widest + 1), key=rate)
     out = []
@@ -176,18 +188,20 @@ def fit_widths(live: list[Row], drafts: list[Draft], cost: BatchCost, pad_to: in
             full, order, _ = row.ranked
             draft = prune(full, sorted(order[:best]))
         out.append(draft)
-    return out
+    return out, padded(best)
 
 
-def batch_inputs(drafts: list[Draft], lengths: list[int], valid: torch.Tensor, pad_to: int, dtype):
+def batch_inputs(drafts: list[Draft], lengths: list[int], valid: torch.Tensor, pad_to: int, dtype,
+                 width: int | None = None):
     """One pass over every row's tree: (tokens [B, W], positions [B, W], additive mask [B, 1, W, S + W], W).
 
-    Row r's tree is padded to W nodes (a padding node sees the prefix and itself); its nodes see the
+    Row r's tree is padded to W nodes, the widest tree's (padded to ``pad_to``) or ``width`` where that is wider
+    (a padding node sees the prefix and itself); its nodes see the
     slots ``valid[r]`` marks as its own and their ancestors; positions are the row's own (its length
     minus one, the root's, plus the node's depth). valid: [B, S] bool.
     """
     device = valid.device
-    width = max(verify_width(d.tree.size, pad_to) for d in drafts)
+    width = max(width or 1, *(verify_width(d.tree.size, pad_to) for d in drafts))
     rows, slots = valid.shape
     tokens = torch.empty(rows, width, dtype=torch.long, device=device)
     positions = torch.empty(rows, width, dtype=torch.long, device=device)
@@ -278,10 +292,11 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
             if cost is not None:
                 cost.rows = len(live)
             drafts, drafted = propose_rows(gen, live, max_new_tokens, sampling, generator)
+            run = None  # tree="auto": the pass's width (at least the widest tree's)
             if cost is not None:
-                drafts = fit_widths(live, drafts, cost, pad_to, valid.shape[1])
+                drafts, run = fit_widths(live, drafts, cost, pad_to, valid.shape[1])
             tokens, positions, attn, width = batch_inputs(drafts, [row.length for row in live], valid, pad_to,
-                                                          gen.target.dtype)
+                                                          gen.target.dtype, run)
             sync()
             t1 = time.perf_counter()
             out = gen.target(input_ids=tokens, position_ids=positions, attention_mask=attn, cache=cache,

@@ -235,8 +235,8 @@ class SpeculativeGenerator:
         pad_to = self.resolved_pad_to()
         if auto is not None:
             auto.pad_to = pad_to
-            auto.pad_cheapest = True  # one sequence: each pass at the cheapest width at least as wide (a batch's rows
-            # share one pass, headway.inference.batch)
+            auto.pad_cheapest = True  # one sequence: each pass at the cheapest width at least as wide (a batch's
+            # shared pass is padded by headway.inference.batch.fit_widths)
         with contextlib.ExitStack() as stack:
             # forward hooks keep only the layers the drafter reads, for the positions it has not seen
             capture = stack.enter_context(FeatureCapture(self.target, layers)) if layers else None

@@ -195,10 +195,40 @@ def test_one_width_is_chosen_for_the_whole_pass():
     widths = {}
     for step in (0.01, 0.15, 1.0):
         cost = BatchCost(OnlineCost(made_up_curve(step)), rows=2)
-        widths[step] = [d.tree.size for d in fit_widths(rows, [long, alone], cost, pad_to=1, prefix_len=0)]
+        widths[step] = [d.tree.size for d in fit_widths(rows, [long, alone], cost, pad_to=1, prefix_len=0)[0]]
     assert widths[0.01] == [7, 1] and widths[1.0] == [1, 1] and 1 < widths[0.15][0] < 7, widths
-    cut = fit_widths(rows, [long, alone], BatchCost(OnlineCost(made_up_curve(0.15)), rows=2), 1, 0)[0]
+    cut = fit_widths(rows, [long, alone], BatchCost(OnlineCost(made_up_curve(0.15)), rows=2), 1, 0)[0][0]
     assert cut.tree.is_chain and cut.tokens.tolist() == list(range(cut.tree.size))
+
+
+def test_a_batchs_pass_runs_at_the_cheapest_width_at_least_as_wide(family):
+    """A curve on which 4-8 tokens cost less than 2 (a CPU's prepacked linears can): two rows' plain batched step (2
+    tokens) runs padded to a width of 2 (4 tokens), a wider choice is priced at its padded width, and on a curve
+    that only rises nothing is padded. End to end the padding is dropped from the cache: each row is its own
+    generate."""
+    from types import SimpleNamespace
+
+    from headway.inference import Draft
+    from headway.inference.batch import fit_widths
+    from headway.inference.tree import Tree
+    from tests.inference.test_auto import dip_curve
+
+    alone = [Draft(Tree([-1]), torch.tensor([3])), Draft(Tree([-1]), torch.tensor([4]))]
+    rows = [SimpleNamespace(ranked=None)] * 2
+    dip = BatchCost(OnlineCost(dip_curve(0.8)), rows=2)
+    assert fit_widths(rows, alone, dip, pad_to=1, prefix_len=0)[1] == 2
+    assert fit_widths(rows, alone, BatchCost(OnlineCost(made_up_curve(0.1)), rows=2), 1, 0)[1] == 1
+    assert fit_widths(rows * 2, alone * 2, BatchCost(OnlineCost(dip_curve(0.8)), rows=4), 1, 0)[1] == 1  # 4 tokens
+    target = family.target
+    pad = target.generation_config.pad_token_id
+    prompts = family.prompts[:2]
+    ids, mask = left_pad(prompts, pad)
+    gen = SpeculativeGenerator(target, DraftModelProposer(family.draft), tree="auto", cost_curve=dip_curve(0.8))
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=16)
+    assert_rows_equal_generate(target, out, prompts, ids, 16, pad)
+    both = min(len(row.verify_width_per_step) for row in out.rows)  # the passes both rows were in
+    widths = out.rows[0].verify_width_per_step[:both]
+    assert min(widths) >= 2, widths  # two rows: never a pass of 2 tokens, which costs more than 4
 
 
 def test_typical_acceptance_runs_per_row_and_is_labelled_lossy(family):
