@@ -37,6 +37,7 @@ from headway.heads.target.features import FeatureCapture
 from headway.inference import vocab_reduce
 from headway.inference.auto import cheapest_width, host_scored_rows, prune
 from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, repack_rows
+from headway.inference.layerskip import EarlyRows
 from headway.inference.processors import GenerationSetup, apply_processors
 from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, greedy_read, root_draft, run_rows
 from headway.inference.target_forward import padded_tree_tensors, prefill, verify_width
@@ -291,22 +292,34 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
             t0 = time.perf_counter()
             if cost is not None:
                 cost.rows = len(live)
+            early = None
+            if gen.drafter.shares_target_cache:  # LayerSkip: the rows draft with the target's first layers, here
+                early = EarlyRows(gen.target, cache, gen.drafter.exit_layer, valid,
+                                  torch.tensor([row.host[-1] for row in live], device=device),
+                                  torch.tensor([row.length - 1 for row in live], device=device))
+                for i, row in enumerate(live):
+                    row.proposer.use_rows(early, i)
             drafts, drafted = propose_rows(gen, live, max_new_tokens, sampling, generator)
             run = None  # tree="auto": the pass's width (at least the widest tree's)
             if cost is not None:
                 drafts, run = fit_widths(live, drafts, cost, pad_to, valid.shape[1])
-            tokens, positions, attn, width = batch_inputs(drafts, [row.length for row in live], valid, pad_to,
-                                                          gen.target.dtype, run)
+            resumed = early is not None and early.steps > 0  # verification resumes from the early layers' states
+            tokens, positions, attn, width = batch_inputs(drafts, [row.length for row in live], valid,
+                                                          1 if resumed else pad_to, gen.target.dtype,
+                                                          None if resumed else run)  # no wider than the steps
             sync()
             t1 = time.perf_counter()
-            out = gen.target(input_ids=tokens, position_ids=positions, attention_mask=attn, cache=cache,
-                             use_cache=True, logits_to_keep=width)
+            if resumed:
+                logits = early.resume(width, positions, attn)
+            else:
+                logits = gen.target(input_ids=tokens, position_ids=positions, attention_mask=attn, cache=cache,
+                                    use_cache=True, logits_to_keep=width).logits
             sync()
             t2 = time.perf_counter()
             if cost is not None:
                 cost.observe_pass(width, valid.shape[1], t2 - t1)
             captured = capture.pop() if capture else None  # [B, W, F]
-            paths, news = accept_rows(gen, live, drafts, out.logits, sampling, generator)
+            paths, news = accept_rows(gen, live, drafts, logits, sampling, generator)
             slots = valid.shape[1]
             leaving = [_advance(row, draft, path, new, did, max_new_tokens, width)
                        for row, draft, path, new, did in zip(live, drafts, paths, news, drafted)]

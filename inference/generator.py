@@ -358,9 +358,6 @@ class SpeculativeGenerator:
         """A checked batch [B, T] of B > 1 rows and its mask (headway.inference.batch)."""
         from headway.inference.batch import generate_batch
 
-        if self.drafter.shares_target_cache:
-            raise ValueError(f"{type(self.drafter).__name__} drafts with the target's own first layers in its cache, "
-                             f"one sequence at a time; got a batch of {ids.shape[0]}: generate the rows one by one")
         if streamer is not None:
             raise ValueError(f"a streamer takes one sequence, as in transformers; got a batch of {ids.shape[0]}: "
                              "generate the rows one by one to stream them")

@@ -18,8 +18,13 @@ full causal pass over its path: greedy output equals ``generate``, sampling is e
 draws from the exit head's q). Llama-style decoders only (Llama, Qwen2, Mistral, SmolLM2).
 
 The draft is a chain; ``tree="auto"`` may cut it (a shorter chain: the extra early entries are
-dropped before verification) or skip it (a plain full step). Not in a hybrid list or a batch: both
-verify other trees than the one whose early layers were written.
+dropped before verification) or skip it (a plain full step). Not in a hybrid list: it verifies other
+trees than the one whose early layers were written.
+
+A batch (``EarlyRows``): the rows' chains run through the early layers together, one token of every
+row a step over the batch's one cache (a row that stopped drafting, or did not draft this round, steps
+on its last token: entries its verification treats as padding), and verification resumes every row
+from its saved states in one pass over the late layers (``EarlyRows.resume``).
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from __future__ import annotations
 import torch
 
 from headway.heads.layerskip import LayerSkipHead
+from headway.heads.target.features import decoder_layers
 from headway.inference import vocab_reduce
-from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
+from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone
 from headway.inference.tree import Tree, chain
-from headway.inference.target_forward import early_forward
+from headway.inference.target_forward import early_forward, run_layers, trim_layers
 from headway.inference.verify import probs
 
 
@@ -65,6 +71,7 @@ class LayerSkipProposer(Proposer):
         self._on_cpu = True
         self._target = None
         self._cache = None
+        self._rows: tuple[EarlyRows, int] | None = None  # a batch's row: the round's shared steps and its row
 
     def use_graphs(self, backend, strict: bool = False) -> str | None:
         return "LayerSkip's early layers are not captured in a graph (they write the target's growing cache)"
@@ -80,6 +87,13 @@ class LayerSkipProposer(Proposer):
         """The target's cache of this generate call (the generator hands it over before the first round)."""
         self._cache = cache
 
+    def use_rows(self, rows: "EarlyRows", row: int) -> None:
+        """A batch's row this round: its early steps run with the other rows' (``EarlyRows``), as row ``row``."""
+        self._rows = (rows, row)
+
+    def reset(self) -> None:
+        self._rows = None
+
     def default_tree(self) -> Tree:
         return chain(self.num_draft)
 
@@ -93,21 +107,25 @@ class LayerSkipProposer(Proposer):
         return root_only(ctx)
 
     def propose(self, ctx: DraftContext) -> Draft:
+        return run_alone(self.propose_steps(ctx))
+
+    def propose_steps(self, ctx: DraftContext):
+        """The chain, each token's early layers a request (``EarlyStep``) that a batch runs with its other rows'."""
         tree = ctx.tree if isinstance(ctx.tree, Tree) else self.default_tree()
         depth = min(tree.depth, ctx.max_depth)
-        if depth < 1 or self._cache is None:
+        if depth < 1 or (self._cache is None and self._rows is None):
             return root_only(ctx)
-        model, head, cache, e = self._target, self.head, self._cache, self.exit_layer
         start = ctx.tokens.shape[0] - 1  # the root's position; the cache holds everything before it
         token = ctx.tokens[-1:]
         states, tokens, qs, scores = [], [token], [], []
         stop, stops = False, self.min_prob > 0 and (self._on_cpu if self.early_stop is None else self.early_stop)
         for i in range(depth + 1):
-            state = early_forward(model, cache, token, start + i, e)  # [1, H]
+            last = i == depth or stop  # the last token runs for its state only
+            state, logits = yield EarlyStep(self, token, start + i, logits=not last)  # [1, H], [V'] | None
             states.append(state)
-            if i == depth or stop:
-                break  # the last token ran for its state only
-            logits = head(state)[0].float()  # [V']
+            if last:
+                break
+            logits = logits.float()
             if ctx.sampling is None:
                 choice = vocab_reduce.argmax(logits)[None]
                 chosen = logits.softmax(-1)[choice]
@@ -115,10 +133,10 @@ class LayerSkipProposer(Proposer):
                 q = probs(logits, ctx.sampling)  # [V'] the distribution the next token is drawn from
                 choice = torch.multinomial(q, 1, generator=ctx.generator)
                 chosen = q[choice]
-                qs.append(head.widen(q))
+                qs.append(self.head.widen(q))
             scores.append(chosen)
             stop = stops and float(chosen) < self.min_prob  # one read a step (a CPU's is free)
-            token = head.to_target_ids(choice)  # [1]
+            token = self.head.to_target_ids(choice)  # [1]
             tokens.append(token)
         draft_tokens = torch.cat(tokens)  # [depth + 1]
         q = dict(enumerate(qs)) if qs else None  # node i's child was drawn from q[i] [V]
@@ -126,3 +144,76 @@ class LayerSkipProposer(Proposer):
         score = torch.cat([scores[0].new_ones(1), torch.cat(scores).cumprod(0)])  # [n]
         return Draft(chain(len(tokens) - 1), draft_tokens, q=q, scores=score, states=torch.cat(states))
 
+
+class EarlyStep(DraftRequest):
+    """One token [1] of a row's chain at ``position`` through the target's first layers, into the target's cache.
+    Result: (its layer-E state [1, H], the exit head's logits after it [V'], or None where ``logits`` is False).
+    A batch's rows' steps run as one pass over the batch's cache (``EarlyRows``), their exit heads as one product."""
+
+    def __init__(self, proposer: LayerSkipProposer, token: torch.Tensor, position: int, logits: bool):
+        self.proposer, self.token, self.position, self.logits = proposer, token, position, logits
+        self.key = proposer._rows[0] if proposer._rows is not None else proposer
+
+    def run(self):
+        p = self.proposer
+        state = early_forward(p._target, p._cache, self.token, self.position, p.exit_layer)  # [1, H]
+        return state, p.head(state)[0] if self.logits else None
+
+    @classmethod
+    def run_together(cls, requests: list["EarlyStep"], state: dict) -> list:
+        rows = requests[0].key
+        if not isinstance(rows, EarlyRows):
+            return [r.run() for r in requests]
+        at = [r.proposer._rows[1] for r in requests]
+        states = rows.step(dict(zip(at, (r.token for r in requests))))  # [B, H]
+        heads = [i for i, r in enumerate(requests) if r.logits]
+        logits = {}
+        if heads:
+            out = requests[0].proposer.head(states[torch.tensor([at[i] for i in heads], device=states.device)])
+            logits = dict(zip(heads, out))  # [R, V'] rows
+        return [(states[a:a + 1], logits.get(i)) for i, a in enumerate(at)]
+
+
+class EarlyRows:
+    """A batch's round of LayerSkip drafting: every row's chain through the target's first ``exit_layer``
+    layers, one token of every row a step (``step``), into the batch's one cache (B rows of S slots, ``valid``
+    [B, S] bool marking each row's own), then the late layers over the rows' saved states (``resume``).
+
+    Step d writes slot S + d of every row: a row's d-th chain token at its root's position + d, seeing its
+    own slots and its chain so far (a row that asks for no step, having stopped drafting or not drafted
+    this round, steps on its last token, the root at first: its root's state is the one verification
+    needs, the rest padding its tree never sees). roots, starts: [B] long, each row's root token and position.
+    """
+
+    def __init__(self, model, cache, exit_layer: int, valid: torch.Tensor, roots: torch.Tensor, starts: torch.Tensor):
+        self.model, self.cache, self.exit_layer = model, cache, exit_layer
+        self.valid, self.tokens, self.starts = valid, roots.clone(), starts
+        self.states: list[torch.Tensor] = []  # [B, H] per step
+
+    @property
+    def steps(self) -> int:
+        return len(self.states)
+
+    def step(self, tokens: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Rows' next tokens {row: [1] long} (the other rows repeat theirs) -> every row's layer-E state [B, H]."""
+        for row, token in tokens.items():
+            self.tokens[row] = token[0]
+        b, s = self.valid.shape
+        d, dtype = self.steps, self.model.dtype
+        mask = torch.zeros((b, 1, 1, s + d + 1), dtype=dtype, device=self.valid.device)  # the chain so far: seen
+        mask[:, 0, 0, :s].masked_fill_(~self.valid, torch.finfo(dtype).min)
+        hidden = self.model.get_decoder().embed_tokens(self.tokens[:, None])  # [B, 1, H]
+        out = run_layers(self.model, self.cache, hidden, (self.starts + d)[:, None], range(self.exit_layer), mask)
+        self.states.append(out[:, 0])
+        return self.states[-1]
+
+    def resume(self, width: int, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The batch's verification from the saved states: each row's first ``width`` chain slots (its tree padded to
+        ``width``, at most ``steps``) through the late layers, positions [B, W] and mask [B, 1, W, S + W] as a full
+        pass takes them (``headway.inference.batch.batch_inputs``). Returns the logits [B, W, V]."""
+        s = self.valid.shape[1]
+        trim_layers(self.cache, range(self.exit_layer), s + width)  # steps past the widest tree kept: dropped
+        hidden = torch.stack(self.states[:width], 1).to(self.model.dtype)  # [B, W, H]
+        hidden = run_layers(self.model, self.cache, hidden, positions, range(self.exit_layer,
+                                                                             len(decoder_layers(self.model))), mask)
+        return self.model.get_output_embeddings()(self.model.get_decoder().norm(hidden))

@@ -101,7 +101,8 @@ class Proposer:
     # after every node of the verified draft (read with the accepted path; lookahead decoding's Jacobi step)
     reads_outputs: bool = False
     # True: ``propose`` runs the target's first layers over the draft, writing the target's own cache (handed over by
-    # ``use_cache`` before the first round), and the Draft carries their states (LayerSkip); one sequence alone
+    # ``use_cache`` before the first round; a batch's rows: ``use_rows`` each round), and the Draft carries their
+    # states (LayerSkip)
     shares_target_cache: bool = False
 
     def bind(self, target_model) -> None:

@@ -122,9 +122,9 @@ def _cache_arg(layer) -> str:
 
 def run_layers(model, cache, hidden: torch.Tensor, positions: torch.Tensor, layers: range,
                mask: torch.Tensor | None) -> torch.Tensor:
-    """The target's decoder layers ``layers`` over ``hidden`` [1, n, H] at ``positions`` [1, n], appending
-    their keys/values to ``cache``; mask: [1, 1, n, S] additive, or None for one token (it sees the
-    whole cache). Returns [1, n, H]."""
+    """The target's decoder layers ``layers`` over ``hidden`` [B, n, H] at ``positions`` [B, n], appending
+    their keys/values to ``cache``; mask: [B, 1, n, S] additive, or None for one token of one row (it sees
+    the whole cache). Returns [B, n, H]."""
     base = model.get_decoder()
     blocks = decoder_layers(model)
     embeddings = base.rotary_emb(hidden, positions)

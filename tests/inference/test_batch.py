@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import headway.inference.batch as batch_mod
-from headway.inference import (DraftModelProposer, Lookahead, PromptLookup, RetrievalChoice, SpeculativeGenerator,
-                               SuffixDecoding)
+from headway.heads.layerskip import LayerSkipHead
+from headway.inference import (DraftModelProposer, LayerSkipProposer, Lookahead, PromptLookup, RetrievalChoice,
+                               SpeculativeGenerator, SuffixDecoding)
 from headway.inference.batch import BatchCost, check_batch
 from headway.inference.cost_curve import OnlineCost
 from headway.inference.kv_cache import compact_rows, new_cache, repack_rows
@@ -37,13 +38,14 @@ def assert_rows_equal_generate(target, out, prompts, ids, max_new, pad, **settin
 
 def family_drafters(family, eagle):
     return {"medusa": family.heads, "eagle1": eagle[1], "eagle3": eagle[3], "draft-model": DraftModelProposer(family.draft),
+            "layerskip": LayerSkipHead.from_target(family.target, exit_layer=1, num_draft=3),
             "lookup": PromptLookup(max_matches=2), "suffix": SuffixDecoding(), "lookahead": Lookahead(),
             "hybrid": [eagle[3], PromptLookup()],
             "hybrid-choice": [eagle[3], RetrievalChoice([SuffixDecoding(), PromptLookup()])]}
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3", "draft-model", "lookup", "suffix", "lookahead", "hybrid",
-                                  "hybrid-choice"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3", "draft-model", "layerskip", "lookup", "suffix", "lookahead",
+                                  "hybrid", "hybrid-choice"])
 @pytest.mark.parametrize("tree", [None, "auto"])
 def test_every_row_equals_its_own_generate(family, eagle, kind, tree):
     """Rows of 1-30 tokens (some repeating a segment), their own EOS (the tiny targets' tokenizer EOS)."""
@@ -259,13 +261,17 @@ def sampling_setup():
     joints = {name: exact_joint(context_logits(target, PROMPT), params) for name, params in SETTINGS.items()}
     drafters = {"draft-tree": (DraftModelProposer(tiny_vocab_model(1)), [[0], [1], [0, 0], [1, 0]]),
                 "medusa-tree": (heads, [[0], [1], [0, 0]]), "eagle3-tree": (eagle3, [[0], [1], [0, 0], [0, 1]]),
-                "lookup-chain": (PromptLookup(), None)}
+                "lookup-chain": (PromptLookup(), None),
+                # the target's own first layer and an exit head started from the target's own (min_prob 0: every row
+                # drafts its whole chain through the batched early steps)
+                "layerskip-chain": (LayerSkipProposer(LayerSkipHead.from_target(target, exit_layer=1), min_prob=0.0),
+                                    "chain-3")}
     return target, drafters, joints
 
 
 @pytest.mark.parametrize("drafter, setting", [pytest.param("draft-tree", "T1", marks=pytest.mark.slow),
-                                              ("medusa-tree", "T0.7-p0.9"),
-                                              ("eagle3-tree", "T1"), ("lookup-chain", "T0.7-p0.9")])
+                                              ("medusa-tree", "T0.7-p0.9"), ("eagle3-tree", "T1"),
+                                              ("lookup-chain", "T0.7-p0.9"), ("layerskip-chain", "T0.7-p0.9")])
 def test_sampled_rows_follow_the_target_distribution(sampling_setup, drafter, setting):
     target, drafters, joints = sampling_setup
     params = SETTINGS[setting]

@@ -11,7 +11,7 @@ from headway.inference import LayerSkipProposer, PromptLookup, SpeculativeGenera
 from headway.inference.kv_cache import new_cache
 from headway.inference.target_forward import early_forward, prefill, resume_forward, tree_forward
 from headway.inference.tree import chain
-from tests.inference.spec_utils import reference_generate
+from tests.inference.spec_utils import left_pad, made_up_curve, reference_generate
 
 
 def deep_target(family: str, layers: int = 4, seed: int = 5):
@@ -107,6 +107,87 @@ def test_the_early_layers_never_run_twice(family, monkeypatch):
     assert out.stats.target_forward_passes == len(rows[1])
 
 
+@pytest.mark.parametrize("exit_layer", [1, 3])
+def test_a_batchs_resumed_verification_equals_a_full_batched_pass(exit_layer):
+    """Three left-padded rows (prompts of 6, 2 and 9 tokens) in one cache with holes: their chains (3, 1 and 2 drafted
+    tokens, padded to 4) stepped through the early layers together, one token a row a step, then the late layers
+    over the saved states: logits and every layer's keys/values equal one full batched pass over the same trees."""
+    import copy
+
+    from headway.inference import Draft
+    from headway.inference.batch import batch_inputs, prefill_rows
+    from headway.inference.layerskip import EarlyRows
+
+    model = deep_target("llama")
+    g = torch.Generator().manual_seed(exit_layer)
+    prompts = [torch.randint(2, 97, (1, n), generator=g) for n in (6, 2, 9)]
+    ids, mask = left_pad(prompts)
+    chains = [torch.tensor([int(prompts[0][0, -1]), 40, 41, 42]), torch.tensor([int(prompts[1][0, -1]), 50]),
+              torch.tensor([int(prompts[2][0, -1]), 60, 61])]
+    drafts = [Draft(chain(c.shape[0] - 1), c) for c in chains]
+    lengths = [p.shape[1] for p in prompts]
+    with torch.no_grad():
+        full = new_cache(model)
+        valid, _ = prefill_rows(model, full, ids, mask, None)
+        split = copy.deepcopy(full)
+        tokens, positions, attn, width = batch_inputs(drafts, lengths, valid, 1, model.dtype)
+        want = model(input_ids=tokens, position_ids=positions, attention_mask=attn, cache=full, use_cache=True).logits
+        rows = EarlyRows(model, split, exit_layer, valid, tokens[:, 0], torch.tensor(lengths) - 1)
+        for d in range(width):  # a row past its chain steps on its last token
+            rows.step({r: c[d:d + 1] for r, c in enumerate(chains) if d < c.shape[0]})
+        rows.step({})  # a step past the widest chain: dropped before verification
+        got = rows.resume(width, positions, attn)
+    assert width == 4
+    for r, c in enumerate(chains):  # each row's own nodes (padding columns see only themselves)
+        assert torch.allclose(got[r, :c.shape[0]], want[r, :c.shape[0]], atol=1e-10), r
+    for i, (a, b) in enumerate(zip(full.layers, split.layers)):
+        assert a.keys.shape == b.keys.shape, i
+        for r, c in enumerate(chains):  # the rows' own slots: the prompt's and the chain's
+            n = valid.shape[1] + c.shape[0]
+            slots = torch.cat([valid[r].nonzero().flatten(), torch.arange(valid.shape[1], n)])
+            assert torch.allclose(a.keys[r, :, slots], b.keys[r, :, slots], atol=1e-10), (i, r)
+            assert torch.allclose(a.values[r, :, slots], b.values[r, :, slots], atol=1e-10), (i, r)
+
+
+@pytest.mark.parametrize("tree", [None, "auto"])
+def test_a_batch_equals_its_rows_and_runs_the_early_layers_once(tree):
+    """Four prompts of 2-11 tokens, left-padded, on a 4-layer target exiting at layer 2: every row equals its own
+    generate, with and without an EOS that stops some rows early; the rows draft (tau > 1), and with a fixed chain
+    (every row drafts every round), after each prompt's own prefill the first layer sees one token a row per call
+    (the batched drafting steps: verification resumes from their states and never runs it) while the last sees
+    each pass's width."""
+    model = deep_target("llama", layers=4, seed=6)
+    head = LayerSkipHead.from_target(model, exit_layer=2, num_draft=3)
+    gen = SpeculativeGenerator(model, LayerSkipProposer(head, min_prob=0.0), tree=tree,
+                               cost_curve=made_up_curve(0.05) if tree == "auto" else None)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, 97, (1, n), generator=g) for n in (7, 2, 11, 5)]
+    ids, mask = left_pad(prompts)
+    eos = int(reference_generate(model, prompts[0], 5)[0, -1])  # a token the target emits: a row stops early
+    for settings in ({}, {"eos_token_id": eos}):
+        calls = {0: [], 3: []}
+        hooks = [model.model.layers[i].register_forward_hook(
+            lambda mod, args, kwargs, out, i=i: calls[i].append(tuple((args[0] if args else kwargs["hidden_states"]
+                                                                        ).shape[:2])), with_kwargs=True) for i in calls]
+        try:
+            out = gen.generate(ids, attention_mask=mask, max_new_tokens=16, **settings)
+        finally:
+            for h in hooks:
+                h.remove()
+        for r, prompt in enumerate(prompts):
+            ref = reference_generate(model, prompt, 16, **settings)[0, prompt.shape[1]:]
+            row = out.sequences[r, ids.shape[1]:]
+            assert torch.equal(row[:ref.shape[0]], ref) and (row[ref.shape[0]:] == 0).all(), (settings, r)
+        assert out.stats.new_tokens > 1.3 * out.stats.batch_passes, "the rows did not draft"
+        if tree is None:
+            prefills = sum(p.shape[1] > 1 for p in prompts)  # each prompt but its root, alone
+            assert all(n == 1 for _, n in calls[0][prefills:]), calls[0]
+            assert len(calls[3]) - prefills == out.stats.batch_passes  # one late pass a round, over its width
+            assert sum(b * n for b, n in calls[3][prefills:]) <= sum(b * n for b, n in calls[0][prefills:])
+        if "eos_token_id" in settings:
+            assert min(s.new_tokens for s in out.rows) < 16  # the EOS really stops a row early
+
+
 def test_bad_input_is_refused(family):
     target = family.target
     head = LayerSkipHead.from_target(target, exit_layer=1)
@@ -114,10 +195,6 @@ def test_bad_input_is_refused(family):
         SpeculativeGenerator(target, [head, PromptLookup()])
     with pytest.raises(ValueError, match="LayerSkip drafts a chain"):
         SpeculativeGenerator(target, head, tree="tree-7")
-    gen = SpeculativeGenerator(target, head)
-    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
-    with pytest.raises(ValueError, match="one sequence at a time; got a batch of 2"):
-        gen.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4)
     with pytest.raises(ValueError, match="exits at layer 3 of a target with 4 layers, but the target has 2"):
         SpeculativeGenerator(deep_target("llama", layers=2), LayerSkipHead.from_target(deep_target("llama"), exit_layer=3))
     with pytest.raises(ValueError, match="exit_layer must be in 1..1"):
