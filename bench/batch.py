@@ -1,7 +1,8 @@
 """Batched speculative decoding against plain batched ``generate``, on the default target.
 
     python scripts/batch_bench.py                                # prompt lookup, batch 1, 2, 4, 8
-    python scripts/batch_bench.py --batches 1,4 --prompts 8 --max-new-tokens 64 [--heads DIR] [--eagle DIR]
+    python scripts/batch_bench.py --batches 1,4 --prompts 8 --max-new-tokens 64 [--heads DIR] [--eagle DIR] \
+        [--layerskip DIR]
 
 (--eagle adds EAGLE alone and EAGLE with suffix decoding merged, the hybrid ``headway generate`` runs.)
 
@@ -92,6 +93,7 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--tree", default="auto", help="the generator's tree (auto: chosen per row and batch size)")
     p.add_argument("--heads", default=None, help="Medusa heads folder (adds a medusa row)")
     p.add_argument("--eagle", default=None, help="EAGLE drafter folder (adds an eagle row)")
+    p.add_argument("--layerskip", default=None, help="LayerSkip exit head folder (adds a layerskip row)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-pack-linears", dest="pack_linears", action="store_false")
     p.add_argument("--out", default=str(Path("outputs", "batch_bench")))
@@ -129,6 +131,8 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
         # the hybrid headway generate runs: the default retrieval part (suffix decoding) beside EAGLE
         methods[f"eagle+{DEFAULT_RETRIEVAL}"] = SpeculativeGenerator(
             target, [load_drafter(args.eagle), *retrieval_parts()], tree=args.tree)
+    if args.layerskip:
+        methods["layerskip"] = SpeculativeGenerator(target, load_drafter(args.layerskip), tree=args.tree)
     for gen in methods.values():
         gen.prepare()  # tree="auto": the cost curve is measured (once, cached) before any timing
     names = ["plain", *methods]
