@@ -157,22 +157,23 @@ def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator)
     return drafts, drafted
 
 
-def fit_widths(live: list[Row], drafts: list[Draft], cost: BatchCost, pad_to: int, prefix_len: int
-               ) -> tuple[list[Draft], int]:
+def fit_widths(live: list[Row], drafts: list[Draft], cost: BatchCost, pad_to: int, prefix_len: int,
+               cheapest: bool = True) -> tuple[list[Draft], int]:
     """tree="auto": one width for the whole pass. Every row is padded to the widest row's tree, so a row's own
     choice can cost the others; this verifies at most W nodes per row, W (1 being a plain batched step) the
     one whose expected new tokens, summed over the rows, per second of a [B, W] pass are the most. A row's W
     nodes are its best W (closed under parents; sampled children a prefix of their draw order), so its draft
     stays what its controller would have cut. Returns the drafts and the pass's width: W padded to the cheapest
     width at least as wide (``auto.cheapest_width``: on a CPU target with prepacked linears a pass over B W
-    tokens may cost less wider, say 2 rows of 2 tokens against 2 of 1), each W priced at its padded width."""
+    tokens may cost less wider, say 2 rows of 2 tokens against 2 of 1; ``cheapest`` False: ``pad_to`` alone), each W
+    priced at its padded width."""
     rows = len(live)
 
     def seconds(width: int) -> float:
         return cost.online.seconds(rows * width, prefix_len)
 
     def padded(w: int) -> int:
-        return cheapest_width(verify_width(w, pad_to), seconds)
+        return cheapest_width(verify_width(w, pad_to), seconds) if cheapest else verify_width(w, pad_to)
 
     widest = max(d.tree.size for d in drafts)
     if widest == 1:
@@ -300,13 +301,14 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
                 for i, row in enumerate(live):
                     row.proposer.use_rows(early, i)
             drafts, drafted = propose_rows(gen, live, max_new_tokens, sampling, generator)
+            # verification resumes from the early layers' states, over no more slots than they wrote: unpadded
+            resumed = early is not None and early.steps > 0
+            width_pad = 1 if resumed else pad_to
             run = None  # tree="auto": the pass's width (at least the widest tree's)
             if cost is not None:
-                drafts, run = fit_widths(live, drafts, cost, pad_to, valid.shape[1])
-            resumed = early is not None and early.steps > 0  # verification resumes from the early layers' states
-            tokens, positions, attn, width = batch_inputs(drafts, [row.length for row in live], valid,
-                                                          1 if resumed else pad_to, gen.target.dtype,
-                                                          None if resumed else run)  # no wider than the steps
+                drafts, run = fit_widths(live, drafts, cost, width_pad, valid.shape[1], cheapest=not resumed)
+            tokens, positions, attn, width = batch_inputs(drafts, [row.length for row in live], valid, width_pad,
+                                                          gen.target.dtype, run)
             sync()
             t1 = time.perf_counter()
             if resumed:
