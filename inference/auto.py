@@ -28,10 +28,11 @@ being a plain step.
 A pass costs what its width costs, and the width need not be the node count: for one sequence
 (``pad_cheapest``) a pass is padded to the cheapest width up to MAX_PAD at least as wide, where the
 corrected curve says that saves more than 1 - PAD_GAIN of it, and each k is priced at that width (a
-batch's shared pass likewise, over all its rows' tokens: ``headway.inference.batch.fit_widths``). On a CPU target with prepacked linears (``headway.inference.cpu_gemm``) a
-one-token step keeps the unpacked kernel and a pass of 4-6 tokens measured 0.90-0.94 of it, so a
-plain step then runs as the root and its padding (dropped from the cache, as a tree's padding is),
-cheaper than ``generate``'s own step; a step timed to correct t(1) runs unpadded.
+batch's shared pass likewise, over all its rows' tokens: ``headway.inference.batch.fit_widths``). On
+a CPU target with prepacked linears (``headway.inference.cpu_gemm``) a one-token step keeps the
+unpacked kernel and a pass of 4-6 tokens measured 0.90-0.94 of it, so a plain step then runs as the
+root and its padding (dropped from the cache, as a tree's padding is), cheaper than ``generate``'s own
+step; a step timed to correct t(1) runs unpadded.
 
 When even the best k is slower than plain decoding once the drafting is paid for, the next rounds
 skip the drafter (plain steps, its features kept for it), then try it again, waiting twice as long

@@ -165,8 +165,8 @@ def fit_widths(live: list[Row], drafts: list[Draft], cost: BatchCost, pad_to: in
     nodes are its best W (closed under parents; sampled children a prefix of their draw order), so its draft
     stays what its controller would have cut. Returns the drafts and the pass's width: W padded to the cheapest
     width at least as wide (``auto.cheapest_width``: on a CPU target with prepacked linears a pass over B W
-    tokens may cost less wider, say 2 rows of 2 tokens against 2 of 1; ``cheapest`` False: ``pad_to`` alone), each W
-    priced at its padded width."""
+    tokens may cost less wider, say 2 rows of 2 tokens against 2 of 1; ``cheapest`` False: ``pad_to`` alone),
+    each W priced at its padded width."""
     rows = len(live)
 
     def seconds(width: int) -> float:
@@ -197,10 +197,10 @@ def batch_inputs(drafts: list[Draft], lengths: list[int], valid: torch.Tensor, p
                  width: int | None = None):
     """One pass over every row's tree: (tokens [B, W], positions [B, W], additive mask [B, 1, W, S + W], W).
 
-    Row r's tree is padded to W nodes, the widest tree's (padded to ``pad_to``) or ``width`` where that is wider
-    (a padding node sees the prefix and itself); its nodes see the
-    slots ``valid[r]`` marks as its own and their ancestors; positions are the row's own (its length
-    minus one, the root's, plus the node's depth). valid: [B, S] bool.
+    Row r's tree is padded to W nodes, the widest tree's (padded to ``pad_to``) or ``width`` where that is
+    wider (a padding node sees the prefix and itself); its nodes see the slots ``valid[r]`` marks as its own
+    and their ancestors; positions are the row's own (its length minus one, the root's, plus the node's
+    depth). valid: [B, S] bool.
     """
     device = valid.device
     width = max(width or 1, *(verify_width(d.tree.size, pad_to) for d in drafts))

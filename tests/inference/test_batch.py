@@ -44,8 +44,8 @@ def family_drafters(family, eagle):
             "hybrid-choice": [eagle[3], RetrievalChoice([SuffixDecoding(), PromptLookup()])]}
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3", "draft-model", "layerskip", "lookup", "suffix", "lookahead",
-                                  "hybrid", "hybrid-choice"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3", "draft-model", "layerskip", "lookup", "suffix",
+                                  "lookahead", "hybrid", "hybrid-choice"])
 @pytest.mark.parametrize("tree", [None, "auto"])
 def test_every_row_equals_its_own_generate(family, eagle, kind, tree):
     """Rows of 1-30 tokens (some repeating a segment), their own EOS (the tiny targets' tokenizer EOS)."""
