@@ -36,7 +36,7 @@ import torch
 from headway.heads.target.features import FeatureCapture
 from headway.inference import vocab_reduce
 from headway.inference.auto import cheapest_width, host_scored_rows, prune
-from headway.inference.kv_cache import CACHE_SLACK, compact_rows, new_cache, repack_rows
+from headway.inference.kv_cache import CACHE_SLACK, compact_rows, lay_rows, new_cache, repack_rows
 from headway.inference.layerskip import EarlyRows
 from headway.inference.processors import GenerationSetup, apply_processors
 from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, greedy_read, root_draft, run_rows
@@ -114,12 +114,13 @@ class Row:
     ranked: tuple | None = None  # tree="auto": (this round's whole draft, its nodes best first, their E(k))
 
 
-def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator) -> tuple[list[Draft], list[bool]]:
+def propose_rows(gen, live: list[Row], max_new_tokens: int, sampling, generator, earlier: float = 0.0
+                 ) -> tuple[list[Draft], list[bool]]:
     """Each row's draft this round and whether it drafted at all, as the single-row loop drafts. The rows
     that draft run side by side (``run_rows``): their drafters' model steps of one kind run in one pass
     (EAGLE: each tree level of every row through the head at once). Each row is charged an equal share of
-    the drafting time."""
-    t0 = time.perf_counter()
+    the drafting time, ``earlier`` seconds (drafting work done for this round after the last one) included."""
+    t0 = time.perf_counter() - earlier
     drafted, steps = [], []
     for row in live:
         did = row.auto is None or row.auto.should_draft(row.proposer.gated)
@@ -246,16 +247,7 @@ def prefill_rows(target, cache, ids: torch.Tensor, mask: torch.Tensor, capture) 
             prefill(target, row_cache, prompt[None, :-1])
             features[r] = capture.pop()[0] if capture is not None else None  # [T_r - 1, F]
         rows.append(row_cache)
-    for i, layer in enumerate(cache.layers):
-        parts = [rc.layers[i] for rc in rows]
-        like = next(p.keys for p in parts if p.is_initialized)  # [1, Hkv, n, D]
-        keys = like.new_zeros(b, like.shape[1], t - 1, like.shape[3])  # pad slots: zeros, never seen (valid)
-        values = keys.clone()
-        for r, part in enumerate(parts):
-            n = part.get_seq_length()
-            if n:
-                keys[r, :, t - 1 - n:], values[r, :, t - 1 - n:] = part.keys[0], part.values[0]
-        layer.update(keys, values)
+    lay_rows(cache, rows, t - 1)
     return valid, features
 
 
@@ -278,12 +270,16 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
         row_auto = auto.fork(cost, pad_to) if auto is not None else None
         rows.append(Row(r, gen.drafter.fork(), setups[r], seq, prompt.tolist(), prompt.shape[0], stats, row_auto))
     total = stats_type(acceptance=gen.acceptance, lossy=rows[0].stats.lossy)
+    capacity = t + max_new_tokens + CACHE_SLACK
+    # a draft model drafting chains: one draft cache for all rows, laid out as the target's (None: rows draft alone)
+    chains = gen.drafter.batch_rows(ids, mask, capacity, max_new_tokens, gen.tree)
+    catch_up = 0.0  # seconds of the drafter's catch-up after the last verification (the next round's drafting)
     layers = gen.drafter.feature_layers
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda and (profile or auto is not None) else (lambda: None)
     with FeatureCapture(gen.target, layers) if layers else contextlib.nullcontext() as capture:
         t0 = time.perf_counter()
-        cache = new_cache(gen.target, capacity=t + max_new_tokens + CACHE_SLACK)
+        cache = new_cache(gen.target, capacity=capacity)
         valid, prompt_features = prefill_rows(gen.target, cache, ids, mask, capture)
         for row, feats in zip(rows, prompt_features):
             row.features = feats
@@ -300,7 +296,12 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
                                   torch.tensor([row.length - 1 for row in live], device=device))
                 for i, row in enumerate(live):
                     row.proposer.use_rows(early, i)
-            drafts, drafted = propose_rows(gen, live, max_new_tokens, sampling, generator)
+            if chains is not None:
+                for i, row in enumerate(live):
+                    row.proposer.use_rows(chains, i)
+            drafts, drafted = propose_rows(gen, live, max_new_tokens, sampling, generator, catch_up)
+            if chains is not None:
+                chains.end_round()
             # verification resumes from the early layers' states, over no more slots than they wrote: unpadded
             resumed = early is not None and early.steps > 0
             width_pad = 1 if resumed else pad_to
@@ -333,19 +334,27 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
             kept = compact_rows(cache, slots, keep, width)
             grown = torch.tensor([[j < len(k) for j in range(kept)] for k in keep], dtype=torch.bool, device=device)
             valid = torch.cat([valid, grown.view(len(live), kept)], dim=1)
+            stay = [i for i, leave in enumerate(leaving) if not leave]
             if any(leaving):
-                stay = [i for i, leave in enumerate(leaving) if not leave]
                 index = torch.tensor(stay, dtype=torch.long, device=device)
                 if stay:
                     cache.batch_select_indices(index)
+                    if chains is not None:
+                        chains.select(index)
                 valid = valid.index_select(0, index)
                 live = [live[i] for i in stay]
+            tc = time.perf_counter()
+            if live and chains is not None:  # the draft cache takes in what the target's kept, and the new roots
+                chains.catch_up([live[j].host[-len(paths[i]):] for j, i in enumerate(stay)], [r.length for r in live])
+            catch_up = time.perf_counter() - tc
             if live and valid.shape[1] - int(valid.sum(1).max()) > REPACK_WASTE * valid.shape[1]:
                 valid = repack_rows(cache, valid)  # the slots no row needs are over REPACK_WASTE of the cache
+                if chains is not None:
+                    chains.repack()
             t3 = time.perf_counter()
-            total.time_draft += t1 - t0
+            total.time_draft += t1 - t0 + catch_up
             total.time_verify += t2 - t1
-            total.time_bookkeeping += t3 - t2
+            total.time_bookkeeping += t3 - t2 - catch_up
             total.batch_passes += 1
     for row in rows:
         row.stats.probes = row.auto.probes if row.auto is not None else 0

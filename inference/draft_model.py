@@ -7,15 +7,18 @@ Its own KV cache always ends the round holding exactly the context (prompt + acc
 draft entries are cropped off, and the next round first feeds the tokens it has not seen (the
 accepted ones and the target's bonus token) in one forward. That rolls back rejected drafts with
 no bookkeeping and costs the same number of draft forwards as keeping accepted entries.
+
+A batch drafting chains (the default tree) keeps one draft cache for all its rows (``ChainRows``),
+laid out as the target's batch cache is, so each chain step is one draft forward over every row.
 """
 
 from __future__ import annotations
 
 import torch
 
-from headway.inference.proposer import Draft, DraftContext, Proposer, root_only, sample_children
+from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone, sample_children
 from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
-from headway.inference.kv_cache import crop_to, new_cache
+from headway.inference.kv_cache import crop_to, lay_rows, new_cache, repack_rows
 from headway.inference.tree import Tree, chain
 from headway.inference.target_forward import chain_forward, check_attention
 
@@ -58,6 +61,7 @@ class DraftModelProposer(Proposer):
         self._default = chain(gamma)
         self._cache = None
         self._cached = 0  # context tokens whose keys/values are in the cache
+        self._rows: tuple[ChainRows, int] | None = None  # a batch's row this round: the batch's draft cache, its row
         self._context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self._vocab: tuple[int, int] | None = None  # (real vocabulary, target's vocab_size) when the draft's logits need fitting
 
@@ -116,6 +120,33 @@ class DraftModelProposer(Proposer):
     def reset(self) -> None:
         self._cache = new_cache(self.model)
         self._cached = 0
+        self._rows = None
+
+    def use_rows(self, rows: "ChainRows", row: int) -> None:
+        """A batch's row this round: its chain steps run with the other rows' over the batch's draft cache."""
+        self._rows = (rows, row)
+
+    def batch_rows(self, ids: torch.Tensor, mask: torch.Tensor, capacity: int, max_new_tokens: int,
+                   tree) -> "ChainRows | None":
+        """A batch [B, T] with its mask, drafting ``tree``: one draft cache for every row (``ChainRows``) when the
+        tree is a chain that fits the draft model's positions; None: each row drafts on its own."""
+        if not isinstance(tree, Tree) or not tree.is_chain:
+            return None
+        if self._context is not None and ids.shape[1] + max_new_tokens + tree.depth + 1 > self._context:
+            return None  # a row may run past the draft's window, where a lone row stops drafting
+        return ChainRows(self, ids, mask, capacity)
+
+    def propose_steps(self, ctx: DraftContext):
+        """A batch's row: its chain over the batch's draft cache, each step a request the rows run together
+        (``ChainStep``); drafted alone otherwise."""
+        if self._rows is None:
+            return self.propose(ctx)
+        rows, row = self._rows
+        length = ctx.tokens.shape[0]
+        tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(ctx.max_depth)
+        if tree.size == 1:
+            return root_only(ctx)
+        return (yield from self._chain(ctx, tree, rows.root_logits[row]))
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
@@ -139,13 +170,14 @@ class DraftModelProposer(Proposer):
         elif tree.size == 1:
             return root_only(ctx)
         elif tree.is_chain:
-            draft = self._chain(ctx, tree, logits)
+            draft = run_alone(self._chain(ctx, tree, logits))
         else:
             draft = expand_static(tree, ctx.root_token, logits, feed, ctx.sampling, ctx.generator, scored=ctx.scored)
         crop_to(self._cache, length)  # drop every draft entry: the cache holds the context only
         return draft
 
-    def _chain(self, ctx: DraftContext, tree: Tree, logits: torch.Tensor) -> Draft:
+    def _chain(self, ctx: DraftContext, tree: Tree, logits: torch.Tensor):
+        """The chain after the root's logits [V], each step a ``ChainStep``."""
         length = ctx.tokens.shape[0]
         tokens, q, drawn = [ctx.tokens[-1:]], {}, []
         for d in range(tree.depth):
@@ -156,7 +188,7 @@ class DraftModelProposer(Proposer):
             if dist is not None:
                 q[d] = dist[0]
             if d + 1 < tree.depth:
-                logits = self.fit_vocab(chain_forward(self.model, self._cache, tok[0], length + d))
+                logits = yield ChainStep(self, tok[0], length + d)  # [V]
         # the chain's draft probability so far at each node, left on the device until tree="auto" reads it
         scores = torch.cat([drawn[0].new_ones(1).float(), torch.cat(drawn).float().cumprod(0)]) if drawn else \
             [1.0] if ctx.scored else None
@@ -173,3 +205,110 @@ class DraftModelProposer(Proposer):
                              use_cache=True)
             return self.fit_vocab(out.logits[0])  # [R, V]
         return feed
+
+
+class ChainStep(DraftRequest):
+    """The draft model over a row's latest chain token [1] at ``position``: the logits after it [V] (over the
+    target's vocabulary). A batch's rows' steps run as one forward over the batch's draft cache (``ChainRows``)."""
+
+    def __init__(self, proposer: DraftModelProposer, token: torch.Tensor, position: int):
+        self.proposer, self.token, self.position = proposer, token, position
+        self.key = proposer._rows[0] if proposer._rows is not None else proposer
+
+    def run(self) -> torch.Tensor:
+        p = self.proposer
+        return p.fit_vocab(chain_forward(p.model, p._cache, self.token, self.position))
+
+    @classmethod
+    def run_together(cls, requests: list["ChainStep"], state: dict) -> list[torch.Tensor]:
+        rows = requests[0].key
+        if not isinstance(rows, ChainRows):
+            return [r.run() for r in requests]
+        at = [r.proposer._rows[1] for r in requests]
+        logits = rows.step(dict(zip(at, (r.token for r in requests))))  # [B, V]
+        return [logits[a] for a in at]
+
+
+class ChainRows:
+    """A batch's draft model over one cache of B rows, laid out as the target's batch cache
+    (``headway.inference.batch``): the same slots and holes, plus a last column holding each row's root.
+
+    Built from the prompts (each run alone, causally, its whole prompt laid into its row: the target's
+    prompt slots, then the root), which gives every row's root logits. A round's chain steps (``step``) each
+    append one slot to every row (a row not drafting steps on its last token, never seen by its others) and
+    are cropped at the round's end (``end_round``). After verification, once the target's cache has kept each
+    row's accepted path (the old root and its accepted tokens) and dropped the rows that left, ``catch_up``
+    feeds every row's accepted tokens and its new root in one forward: the old root's slot is the target's
+    first kept slot, the accepted tokens take the target's next ones (a row that kept fewer leaves the same
+    holes), the new root the last column, and its logits are the next round's. ``select`` and ``repack`` follow
+    the target cache's row removals and repacks, which then keep the two layouts equal.
+    valid: [B, S + 1] bool, the target's validity mask and the root column.
+    """
+
+    def __init__(self, proposer: DraftModelProposer, ids: torch.Tensor, mask: torch.Tensor, capacity: int):
+        self.proposer, model = proposer, proposer.model
+        self.cache = new_cache(model, capacity=capacity)
+        caches, logits = [], []
+        for r in range(ids.shape[0]):
+            prompt = ids[r][mask[r].bool()]  # [T_r]
+            caches.append(new_cache(model, capacity=prompt.shape[0]))
+            logits.append(chain_forward(model, caches[-1], prompt, 0))  # [V_draft]
+        lay_rows(self.cache, caches, ids.shape[1])
+        self.root_logits = proposer.fit_vocab(torch.stack(logits))  # [B, V]
+        self.valid = mask.bool().clone()  # [B, T]: the target's T - 1 prompt slots and the root column
+        self.tokens = ids[:, -1].clone()  # [B] each row's latest token (its root, then its chain's)
+        self.starts = mask.sum(1) - 1  # [B] each row's root position
+        self.steps = 0
+
+    def step(self, tokens: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Rows' next chain tokens {row: [1] long} (the other rows repeat theirs) -> every row's logits [B, V]."""
+        for row, token in tokens.items():
+            self.tokens[row] = token[0]
+        self.steps += 1
+        b, s = self.valid.shape
+        dtype = self.proposer.model.dtype
+        mask = torch.zeros((b, 1, 1, s + self.steps), dtype=dtype, device=self.valid.device)  # the chain: seen
+        mask[:, 0, 0, :s].masked_fill_(~self.valid, torch.finfo(dtype).min)
+        out = self.proposer.model(input_ids=self.tokens[:, None], position_ids=(self.starts + self.steps)[:, None],
+                                  attention_mask=mask, cache=self.cache, use_cache=True)
+        return self.proposer.fit_vocab(out.logits[:, 0])
+
+    def end_round(self) -> None:
+        """Drop the round's chain steps: the cache holds the context again."""
+        if self.steps:
+            self.cache.crop(-self.steps)
+            self.steps = 0
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` [B'] long, in that order (the target's ``batch_select_indices``)."""
+        self.cache.batch_select_indices(index)
+        self.valid, self.tokens = self.valid.index_select(0, index), self.tokens.index_select(0, index)
+        self.starts, self.root_logits = self.starts.index_select(0, index), self.root_logits.index_select(0, index)
+
+    def repack(self) -> None:
+        """Squeeze the holes out as the target's ``repack_rows`` does (each row's valid slots moved to the end: the
+        same layout, the root column last)."""
+        self.valid = repack_rows(self.cache, self.valid)
+
+    def catch_up(self, news: list[list[int]], lengths: list[int]) -> None:
+        """Each row's round made ``news[r]`` (its accepted tokens, then the new root; the target kept its old root
+        and the accepted ones), its length now ``lengths[r]``: feed them in one forward [B, K] (K the longest),
+        the accepted tokens into the columns the target filled, the new root into the last."""
+        b, s = self.valid.shape
+        k = max(map(len, news))
+        device, dtype = self.valid.device, self.proposer.model.dtype
+        tokens = torch.tensor([new[:-1] + [new[-1]] * (k - len(new) + 1) for new in news], device=device)  # [B, K]
+        positions = torch.tensor([list(range(n - len(new), n - 1)) + [n - 1] * (k - len(new) + 1)
+                                  for new, n in zip(news, lengths)], device=device)  # [B, K]
+        filled = torch.tensor([[j < len(new) - 1 or j == k - 1 for j in range(k)] for new in news], device=device)
+        # [B, K, K]: a column sees the filled columns up to itself, a hole itself only
+        seen = (filled[:, None, :] & torch.ones(k, k, dtype=torch.bool, device=device).tril()) | \
+            torch.eye(k, dtype=torch.bool, device=device)
+        mask = torch.cat([self.valid[:, None, :].expand(b, k, s), seen], dim=2)  # [B, K, S + K]
+        additive = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+        out = self.proposer.model(input_ids=tokens, position_ids=positions, attention_mask=additive[:, None],
+                                  cache=self.cache, use_cache=True)
+        self.root_logits = self.proposer.fit_vocab(out.logits[:, -1])  # [B, V]
+        self.valid = torch.cat([self.valid, filled], dim=1)
+        self.tokens = tokens[:, -1].clone()
+        self.starts = torch.tensor(lengths, device=device) - 1

@@ -174,6 +174,22 @@ def compact_rows(cache, start: int, keep: Sequence[Sequence[int]], written: int)
     return longest
 
 
+def lay_rows(cache, rows: list, slots: int) -> None:
+    """Lay one-row caches ``rows`` (each's entries made alone) into the empty B-row ``cache`` as ``slots`` slots a
+    row, each row's entries in its last slots (as left padding puts them); the slots before them are zeros, which
+    the batch's validity mask keeps out of sight."""
+    for i, layer in enumerate(cache.layers):
+        parts = [rc.layers[i] for rc in rows]
+        like = next(p.keys for p in parts if p.is_initialized)  # [1, Hkv, n, D]
+        keys = like.new_zeros(len(rows), like.shape[1], slots, like.shape[3])
+        values = keys.clone()
+        for r, part in enumerate(parts):
+            n = part.get_seq_length()
+            if n:
+                keys[r, :, slots - n:], values[r, :, slots - n:] = part.keys[0], part.values[0]
+        layer.update(keys, values)
+
+
 def repack_rows(cache, valid: torch.Tensor) -> torch.Tensor:
     """Drop the slots no row needs: each row's valid slots (in order) move to the end of a cache as long
     as the row with the most, the others left-padded (attention does not depend on the slots' order:

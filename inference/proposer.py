@@ -132,6 +132,13 @@ class Proposer:
         captured (one line)."""
         return None
 
+    def batch_rows(self, ids: torch.Tensor, mask: torch.Tensor, capacity: int, max_new_tokens: int, tree):
+        """A batch [B, T] (left-padded, ``mask``) about to generate with ``tree``: an object that drafts every row
+        from one shared state, handed to each row's fork by ``use_rows(state, row)`` each round and kept in step
+        with the target's batch cache (``end_round``, ``select``, ``catch_up``, ``repack``: a draft model's
+        ``ChainRows``); None (the default): each row drafts on its own state."""
+        return None
+
     def fork(self) -> "Proposer":
         """A proposer for one more sequence beside this one (a batch's row): the same modules and settings,
         its own per-sequence state. The default copies the attributes and resets the copy, which suits a

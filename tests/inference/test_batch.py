@@ -61,6 +61,78 @@ def test_every_row_equals_its_own_generate(family, eagle, kind, tree):
     assert out.stats.new_tokens == sum(s.new_tokens for s in out.rows)
 
 
+@pytest.mark.parametrize("waste", [0.0, 1.0])
+def test_a_draft_models_chains_share_one_cache_laid_out_as_the_targets(family, waste, monkeypatch):
+    """A draft model drafting chains keeps one cache for the whole batch (``ChainRows``), in step with the target's
+    (its holes, the rows that leave at their EOS, repacks every round or never). With the target's own weights as the
+    draft every drafted token is the target's greedy one, so every round of every row accepts its whole chain (but
+    where the budget or the EOS cuts it): the batched draft sees exactly each row's own context. Each step is one
+    draft forward over the rows."""
+    from headway.inference.draft_model import ChainRows
+
+    monkeypatch.setattr(batch_mod, "REPACK_WASTE", waste)
+    steps = []
+    real = ChainRows.step
+    monkeypatch.setattr(ChainRows, "step", lambda self, tokens: steps.append(len(tokens)) or real(self, tokens))
+    target = family.target
+    pad = target.generation_config.pad_token_id
+    prompts = family.prompts[:BATCH]
+    ids, mask = left_pad(prompts, pad)
+    gen = SpeculativeGenerator(target, DraftModelProposer(copy.deepcopy(target), gamma=3), tree=None)
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=20)
+    assert_rows_equal_generate(target, out, prompts, ids, 20, pad)
+    for r, st in enumerate(out.rows):
+        assert all(n == 4 for n in st.accepted_per_step[:-1]), (r, st.accepted_per_step)
+    assert steps and max(steps) > 1  # the rows' chain steps ran together
+
+
+def test_the_shared_draft_cache_gives_each_rows_own_logits():
+    """``ChainRows`` against the draft model run on each row's own context alone (fp64): the roots' logits after the
+    prompts (left-padded, of 5, 2 and 8 tokens), a chain step where one row does not step, a catch-up after a round
+    where the rows kept 3, 1 and 2 tokens (holes between), a row leaving, a repack, and a step after them."""
+    from headway.inference.draft_model import ChainRows
+
+    model = tiny_vocab_model(3, vocab=50, scale=1.0)
+    proposer = DraftModelProposer(model, gamma=3)
+    g = torch.Generator().manual_seed(0)
+    contexts = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (5, 2, 8)]
+    ids, mask = left_pad([torch.tensor([c]) for c in contexts], 0)
+
+    def alone(context):  # the draft model's logits after ``context``, run on it alone
+        return model(torch.tensor([context])).logits[0, -1]
+
+    def check(logits, rows):
+        for r in rows:
+            assert torch.allclose(logits[r], alone(contexts[r]), atol=1e-10), r
+
+    with torch.no_grad():
+        rows = ChainRows(proposer, ids, mask, capacity=64)
+        check(rows.root_logits, range(3))
+        steps = {0: torch.tensor([7]), 2: torch.tensor([9])}  # row 1 does not step (it steps on its root)
+        logits = rows.step(steps)
+        for r, t in steps.items():
+            assert torch.allclose(logits[r], alone(contexts[r] + [int(t)]), atol=1e-10), r
+        logits = rows.step({0: torch.tensor([8])})  # a second step, row 0's alone
+        assert torch.allclose(logits[0], alone(contexts[0] + [7, 8]), atol=1e-10)
+        rows.end_round()
+        news = [[11, 12, 13], [14], [15, 16]]  # accepted tokens, then the new root
+        for c, new in zip(contexts, news):
+            c += new
+        rows.catch_up(news, [len(c) for c in contexts])
+        check(rows.root_logits, range(3))
+        assert rows.valid.shape[1] == ids.shape[1] + 3  # the longest kept path (3) + the new root's column
+        index = torch.tensor([0, 2])
+        rows.select(index)
+        contexts = [contexts[0], contexts[2]]
+        rows.repack()
+        assert rows.valid.sum(1).tolist() == [len(c) for c in contexts] and rows.valid[:, -1].all()
+        assert rows.valid.shape[1] == max(map(len, contexts))  # the holes squeezed out
+        check(rows.root_logits, range(2))
+        logits = rows.step({0: torch.tensor([21]), 1: torch.tensor([22])})
+        for r, t in enumerate((21, 22)):
+            assert torch.allclose(logits[r], alone(contexts[r] + [t]), atol=1e-10), r
+
+
 def test_rows_stop_at_their_own_eos_and_honour_the_generation_config():
     target = tiny_vocab_model(seed=3)
     prompts = [torch.tensor([PROMPT]), torch.tensor([[3, 3, 3, 3]]), torch.tensor([PROMPT[:3]]), torch.tensor([[5]])]
@@ -260,6 +332,7 @@ def sampling_setup():
     eagle3 = train_eagle(target, 3, seed=2, steps=60, low=0, draft_vocab=6)
     joints = {name: exact_joint(context_logits(target, PROMPT), params) for name, params in SETTINGS.items()}
     drafters = {"draft-tree": (DraftModelProposer(tiny_vocab_model(1)), [[0], [1], [0, 0], [1, 0]]),
+                "draft-chain": (DraftModelProposer(tiny_vocab_model(1), gamma=2), None),  # one cache for all rows
                 "medusa-tree": (heads, [[0], [1], [0, 0]]), "eagle3-tree": (eagle3, [[0], [1], [0, 0], [0, 1]]),
                 "lookup-chain": (PromptLookup(), None),
                 # the target's own first layer and an exit head started from the target's own (min_prob 0: every row
@@ -270,7 +343,8 @@ def sampling_setup():
 
 
 @pytest.mark.parametrize("drafter, setting", [pytest.param("draft-tree", "T1", marks=pytest.mark.slow),
-                                              ("medusa-tree", "T0.7-p0.9"), ("eagle3-tree", "T1"),
+                                              ("draft-chain", "T0.7-p0.9"), ("medusa-tree", "T0.7-p0.9"),
+                                              ("eagle3-tree", "T1"),
                                               ("lookup-chain", "T0.7-p0.9"), ("layerskip-chain", "T0.7-p0.9")])
 def test_sampled_rows_follow_the_target_distribution(sampling_setup, drafter, setting):
     target, drafters, joints = sampling_setup
