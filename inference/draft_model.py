@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone, sample_children
+from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone,
+                                        sample_children)
 from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
 from headway.inference.kv_cache import crop_to, lay_rows, new_cache, repack_rows
 from headway.inference.tree import Tree, chain
@@ -142,7 +143,6 @@ class DraftModelProposer(Proposer):
         if self._rows is None:
             return self.propose(ctx)
         rows, row = self._rows
-        length = ctx.tokens.shape[0]
         tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(ctx.max_depth)
         if tree.size == 1:
             return root_only(ctx)
