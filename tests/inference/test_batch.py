@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import headway.inference.batch as batch_mod
+from headway.heads.dflash import DFlashHead
 from headway.heads.layerskip import LayerSkipHead
+from headway.heads.peagle import PEagleHead
 from headway.inference import (DraftModelProposer, LayerSkipProposer, Lookahead, PromptLookup, RetrievalChoice,
                                SpeculativeGenerator, SuffixDecoding)
 from headway.inference.batch import BatchCost, check_batch
@@ -338,14 +340,27 @@ def sampling_setup():
                 # the target's own first layer and an exit head started from the target's own (min_prob 0: every row
                 # drafts its whole chain through the batched early steps)
                 "layerskip-chain": (LayerSkipProposer(LayerSkipHead.from_target(target, exit_layer=1), min_prob=0.0),
-                                    "chain-3")}
+                                    "chain-3"),
+                "hybrid-medusa": ([heads, PromptLookup(max_matches=2, max_ngram_size=2)], [[0], [1], [0, 0]])}
+    vocab = dict(draft_vocab_size=6, draft_tokens=[0, 1, 2, 4, 5, 7])
+    torch.manual_seed(4)
+    peagle = PEagleHead.from_target(target, parallel_depths=3, **vocab)
+    dflash = DFlashHead.from_target(target, block_size=4, num_layers=2, **vocab)
+    with torch.no_grad():  # untrained heads with spread-out drafts: some accepted, some not
+        peagle.mask_hidden.normal_()
+        for p in dflash.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    drafters["peagle-chain"] = (peagle, "chain-3")
+    drafters["dflash-tree"] = (dflash, [[0], [1], [0, 0]])
     return target, drafters, joints
 
 
 @pytest.mark.parametrize("drafter, setting", [pytest.param("draft-tree", "T1", marks=pytest.mark.slow),
                                               ("draft-chain", "T0.7-p0.9"), ("medusa-tree", "T0.7-p0.9"),
                                               ("eagle3-tree", "T1"),
-                                              ("lookup-chain", "T0.7-p0.9"), ("layerskip-chain", "T0.7-p0.9")])
+                                              ("lookup-chain", "T0.7-p0.9"), ("layerskip-chain", "T0.7-p0.9"),
+                                              ("peagle-chain", "T1"), ("dflash-tree", "T0.7-p0.9"),
+                                              ("hybrid-medusa", "T1")])
 def test_sampled_rows_follow_the_target_distribution(sampling_setup, drafter, setting):
     target, drafters, joints = sampling_setup
     params = SETTINGS[setting]
