@@ -341,7 +341,8 @@ def sampling_setup():
                 # drafts its whole chain through the batched early steps)
                 "layerskip-chain": (LayerSkipProposer(LayerSkipHead.from_target(target, exit_layer=1), min_prob=0.0),
                                     "chain-3"),
-                "hybrid-medusa": ([heads, PromptLookup(max_matches=2, max_ngram_size=2)], [[0], [1], [0, 0]])}
+                "hybrid-medusa": ([heads, PromptLookup(max_matches=2, max_ngram_size=2)], [[0], [1], [0, 0]]),
+                "suffix": (SuffixDecoding(cross_request=False), None), "lookahead": (Lookahead(window=3, ngram=3), None)}
     vocab = dict(draft_vocab_size=6, draft_tokens=[0, 1, 2, 4, 5, 7])
     torch.manual_seed(4)
     peagle = PEagleHead.from_target(target, parallel_depths=3, **vocab)
@@ -360,7 +361,7 @@ def sampling_setup():
                                               ("eagle3-tree", "T1"),
                                               ("lookup-chain", "T0.7-p0.9"), ("layerskip-chain", "T0.7-p0.9"),
                                               ("peagle-chain", "T1"), ("dflash-tree", "T0.7-p0.9"),
-                                              ("hybrid-medusa", "T1")])
+                                              ("hybrid-medusa", "T1"), ("suffix", "T0.7-p0.9"), ("lookahead", "T1")])
 def test_sampled_rows_follow_the_target_distribution(sampling_setup, drafter, setting):
     target, drafters, joints = sampling_setup
     params = SETTINGS[setting]
