@@ -342,7 +342,8 @@ def sampling_setup():
                 "layerskip-chain": (LayerSkipProposer(LayerSkipHead.from_target(target, exit_layer=1), min_prob=0.0),
                                     "chain-3"),
                 "hybrid-medusa": ([heads, PromptLookup(max_matches=2, max_ngram_size=2)], [[0], [1], [0, 0]]),
-                "suffix": (SuffixDecoding(cross_request=False), None), "lookahead": (Lookahead(window=3, ngram=3), None)}
+                "suffix": (SuffixDecoding(cross_request=False), None),
+                "lookahead": (Lookahead(window=3, ngram=3), None)}
     vocab = dict(draft_vocab_size=6, draft_tokens=[0, 1, 2, 4, 5, 7])
     torch.manual_seed(4)
     peagle = PEagleHead.from_target(target, parallel_depths=3, **vocab)
