@@ -88,6 +88,13 @@ class HybridProposer(Proposer):
         why = [w for w in (d.use_graphs(backend, strict) for d in self.drafters) if w]
         return "; ".join(why) or None
 
+    def batch_rows(self, ids, mask, capacity: int, max_new_tokens: int, tree):
+        """The model drafter's shared batch state (a draft model's chains: one draft cache for every row), if any."""
+        return self.drafters[0].batch_rows(ids, mask, capacity, max_new_tokens, tree)
+
+    def use_rows(self, rows, row: int) -> None:
+        self.drafters[0].use_rows(rows, row)
+
     def fork(self) -> "HybridProposer":
         clone = copy.copy(self)
         clone.drafters = [d.fork() for d in self.drafters]

@@ -139,6 +139,10 @@ class Proposer:
         ``ChainRows``); None (the default): each row drafts on its own state."""
         return None
 
+    def use_rows(self, rows, row: int) -> None:
+        """A batch's row this round: the shared state ``batch_rows`` made (or a LayerSkip round's ``EarlyRows``) and
+        this row's index in it."""
+
     def fork(self) -> "Proposer":
         """A proposer for one more sequence beside this one (a batch's row): the same modules and settings,
         its own per-sequence state. The default copies the attributes and resets the copy, which suits a
