@@ -177,7 +177,8 @@ def parse_tree(spec: str | None):
 
 def build_drafter(args, target_tokenizer, device):
     """The drafter the flags ask for, or None for plain decoding. A model drafter gets retrieval beside it
-    (one hybrid drafter; ``--retrieval``, suffix decoding by default) unless --no-lookup."""
+    (one hybrid drafter; ``--retrieval``, suffix decoding by default) unless --no-lookup, or unless it cannot join
+    a hybrid (LayerSkip: verification resumes from its own chain's early-layer states), which drafts alone."""
     from headway.inference import PromptLookup
     from headway.inference.hybrid import retrieval_parts
 
@@ -200,7 +201,16 @@ def build_drafter(args, target_tokenizer, device):
         model = DraftModelProposer(draft, tokenizer=tokenizer, target_tokenizer=target_tokenizer)
     if model is None:
         return None
-    return [model, *retrieval_parts(args.retrieval or RETRIEVAL_PARTS[0])] if args.lookup else model
+    if not args.lookup:
+        return model
+    from headway.inference.proposer import as_proposer
+
+    if as_proposer(model).shares_target_cache:  # LayerSkip: its chain alone (no other tree's nodes have its states)
+        if args.retrieval is not None:
+            raise ValueError("--retrieval merges a retrieval drafter beside the model drafter, but a LayerSkip drafter "
+                             "drafts alone (verification resumes from its own chain's states): drop --retrieval")
+        return model
+    return [model, *retrieval_parts(args.retrieval or RETRIEVAL_PARTS[0])]
 
 
 def count_new(row, prompt_len: int, eos, pad) -> int:

@@ -282,6 +282,33 @@ def test_retrieval_where_it_would_be_ignored_is_refused(how, capsys):
     assert err.startswith("error: --retrieval chooses the retrieval part") and err.count("\n") == 1, err
 
 
+def test_a_layerskip_drafter_drafts_alone_one_prompt_or_a_batch(tiny_target, tmp_path, capsys):
+    """`headway generate --drafter <LayerSkip folder>`: LayerSkip cannot join a hybrid, so it drafts alone (no
+    retrieval part: it once failed with the hybrid's error unless --no-lookup), one prompt or several as one batch,
+    each answer the target's own greedy answer; --retrieval with it is a one-line error once the drafter loads."""
+    from headway.cli import main
+    from headway.heads.layerskip import LayerSkipHead
+    from headway.heads.target import load_target
+
+    model, _ = load_target(str(tiny_target), device="cpu")
+    LayerSkipHead.from_target(model, exit_layer=1, num_draft=3).save_pretrained(tmp_path / "ls")
+    prompts = [PROMPT, "the food"]
+    for chosen in (prompts[:1], prompts):
+        capsys.readouterr()
+        flags = [arg for p in chosen for arg in ("--prompt", p)]
+        assert main(["generate", "--model", str(tiny_target), "--drafter", str(tmp_path / "ls"), *flags,
+                     "--max-new-tokens", "12", "--device", "cpu"]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        if len(chosen) == 1:
+            assert out == greedy_text(tiny_target, 12) + "\n"
+        else:
+            assert out == "".join(f"--- {i + 1}: {p}\n{greedy_text(tiny_target, 12, p)}\n" for i, p in enumerate(chosen))
+    assert main(["generate", "--model", str(tiny_target), "--drafter", str(tmp_path / "ls"), "--prompt", PROMPT,
+                 "--retrieval", "lookup", "--device", "cpu"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # (after the models load: the drafter's kind is known)
+    assert last.startswith("error: --retrieval merges a retrieval drafter") and "drop --retrieval" in last, last
+
+
 def test_generate_several_prompts_as_one_batch(tiny_target, capsys):
     """Repeated --prompt: one left-padded batch, each answer the target's own greedy answer to that prompt alone,
     plain and speculative."""
