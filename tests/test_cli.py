@@ -285,7 +285,7 @@ def test_retrieval_where_it_would_be_ignored_is_refused(how, capsys):
 def test_a_layerskip_drafter_drafts_alone_one_prompt_or_a_batch(tiny_target, tmp_path, capsys):
     """`headway generate --drafter <LayerSkip folder>`: LayerSkip cannot join a hybrid, so it drafts alone (no
     retrieval part: it once failed with the hybrid's error unless --no-lookup), one prompt or several as one batch,
-    each answer the target's own greedy answer; --retrieval with it is a one-line error once the drafter loads."""
+    each answer the target's own greedy answer; --retrieval with it is a one-line error before any model loads."""
     from headway.cli import main
     from headway.heads.layerskip import LayerSkipHead
     from headway.heads.target import load_target
@@ -303,10 +303,11 @@ def test_a_layerskip_drafter_drafts_alone_one_prompt_or_a_batch(tiny_target, tmp
             assert out == greedy_text(tiny_target, 12) + "\n"
         else:
             assert out == "".join(f"--- {i + 1}: {p}\n{greedy_text(tiny_target, 12, p)}\n" for i, p in enumerate(chosen))
+    capsys.readouterr()
     assert main(["generate", "--model", str(tiny_target), "--drafter", str(tmp_path / "ls"), "--prompt", PROMPT,
                  "--retrieval", "lookup", "--device", "cpu"]) == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]  # (after the models load: the drafter's kind is known)
-    assert last.startswith("error: --retrieval merges a retrieval drafter") and "drop --retrieval" in last, last
+    err = capsys.readouterr().err  # before any model loads: the folder's config names its kind
+    assert err.startswith("error: --retrieval merges a retrieval drafter") and err.count("\n") == 1, err
 
 
 def test_generate_several_prompts_as_one_batch(tiny_target, capsys):
