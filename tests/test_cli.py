@@ -302,7 +302,8 @@ def test_a_layerskip_drafter_drafts_alone_one_prompt_or_a_batch(tiny_target, tmp
         if len(chosen) == 1:
             assert out == greedy_text(tiny_target, 12) + "\n"
         else:
-            assert out == "".join(f"--- {i + 1}: {p}\n{greedy_text(tiny_target, 12, p)}\n" for i, p in enumerate(chosen))
+            want = (f"--- {i + 1}: {p}\n{greedy_text(tiny_target, 12, p)}\n" for i, p in enumerate(chosen))
+            assert out == "".join(want)
     capsys.readouterr()
     assert main(["generate", "--model", str(tiny_target), "--drafter", str(tmp_path / "ls"), "--prompt", PROMPT,
                  "--retrieval", "lookup", "--device", "cpu"]) == 2
