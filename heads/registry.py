@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -102,6 +104,16 @@ def find_kind(name: str | None) -> DrafterKind | None:
 def kind_of_config(config: dict) -> DrafterKind | None:
     """The kind a headway config.json describes; None for a drafter_type no kind registers."""
     return next((k for k in _KINDS.values() if k.owns(config)), None)
+
+
+def saved_kind(folder) -> DrafterKind | None:
+    """The kind of the drafter saved in the local ``folder``, from its config.json alone (no weights read); None
+    when there is no such file or it names no registered kind."""
+    config = Path(folder) / "config.json"
+    try:
+        return kind_of_config(json.loads(config.read_text())) if config.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def kind_of(drafter) -> DrafterKind | None:

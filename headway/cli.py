@@ -179,22 +179,6 @@ LAYERSKIP_RETRIEVAL = ("--retrieval merges a retrieval drafter beside the model 
                        "drafts alone (verification resumes from its own chain's states): drop --retrieval")
 
 
-def drafts_alone(folder: str) -> bool:
-    """Whether the drafter saved in the local ``folder`` is of a kind no hybrid holds (LayerSkip), read from its
-    config.json before any model loads; False when that cannot be told yet (a Hub id, no config)."""
-    import json
-    from pathlib import Path
-
-    from headway.heads.registry import kind_of_config
-
-    config = Path(folder) / "config.json"
-    try:
-        kind = kind_of_config(json.loads(config.read_text())) if config.is_file() else None
-    except (OSError, ValueError):
-        return False
-    return kind is not None and kind.name == "layerskip"
-
-
 def build_drafter(args, target_tokenizer, device):
     """The drafter the flags ask for, or None for plain decoding. A model drafter gets retrieval beside it
     (one hybrid drafter; ``--retrieval``, suffix decoding by default) unless --no-lookup, or unless it cannot join
@@ -247,6 +231,7 @@ def run_generate(args) -> int:
     import torch
     from transformers import TextStreamer
 
+    from headway.heads.registry import saved_kind
     from headway.heads.target import load_target, resolve_device
     from headway.inference.inputs import check_generation, check_settings
 
@@ -256,8 +241,8 @@ def run_generate(args) -> int:
     if args.retrieval is not None and not ((args.drafter or args.draft_model) and args.lookup):
         raise ValueError("--retrieval chooses the retrieval part merged beside a model drafter: it needs --drafter or "
                          "--draft-model, without --no-lookup (--prompt-lookup and --lookahead draft alone)")
-    if args.retrieval is not None and args.drafter and drafts_alone(args.drafter):
-        raise ValueError(LAYERSKIP_RETRIEVAL)
+    if args.retrieval is not None and args.drafter and getattr(saved_kind(args.drafter), "name", "") == "layerskip":
+        raise ValueError(LAYERSKIP_RETRIEVAL)  # (its folder's config.json tells, before any model loads)
     check_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     device = resolve_device(args.device)
     if args.drafter:

@@ -211,3 +211,22 @@ def test_registering_something_else_is_refused():
         register_kind("medusa")
     with pytest.raises(ValueError, match="unknown drafter kind 'nope'; known: \\['medusa'"):
         get_kind("nope")
+
+
+def test_a_saved_drafters_kind_is_read_from_its_config_alone(tmp_path):
+    """``saved_kind``: the kind a saved folder's config.json names (no weights read: the CLI refuses a flag a kind
+    cannot take before any model loads); None for a missing folder, a foreign or unreadable config."""
+    from headway.heads.layerskip import LayerSkipHead
+    from headway.heads.registry import saved_kind
+    from headway.heads.target.tiny import build_tiny_target
+
+    target, _ = build_tiny_target("llama", seed=0)
+    LayerSkipHead.from_target(target, exit_layer=1).save_pretrained(tmp_path / "ls")
+    (tmp_path / "ls" / "model.safetensors").unlink()  # the config alone tells
+    assert saved_kind(tmp_path / "ls").name == "layerskip"
+    assert saved_kind(tmp_path / "missing") is None
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    assert saved_kind(tmp_path / "foreign") is None and saved_kind(tmp_path / "broken") is None
