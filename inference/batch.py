@@ -36,7 +36,7 @@ import torch
 from headway.heads.target.features import FeatureCapture
 from headway.inference import vocab_reduce
 from headway.inference.auto import cheapest_width, host_scored_rows, prune
-from headway.inference.kv_cache import CACHE_SLACK, compact_rows, lay_rows, new_cache, repack_rows
+from headway.inference.kv_cache import CACHE_SLACK, compact_rows, hidden_where, lay_rows, new_cache, repack_rows
 from headway.inference.layerskip import EarlyRows
 from headway.inference.processors import GenerationSetup, apply_processors
 from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, greedy_read, root_draft, run_rows
@@ -220,11 +220,6 @@ def batch_inputs(drafts: list[Draft], lengths: list[int], valid: torch.Tensor, p
     return tokens, positions, mask, width
 
 
-def hidden_where(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool (True: hidden) -> the additive mask of 0 / finfo(dtype).min of the same shape."""
-    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, torch.finfo(dtype).min)
-
-
 def prefill_rows(target, cache, ids: torch.Tensor, mask: torch.Tensor, capture) -> tuple[torch.Tensor, list]:
     """Run each row's prompt but its last token into ``cache`` (B rows of T - 1 slots, each row's tokens in its
     last slots, as left padding puts them); returns (valid [B, T - 1] bool: the slots holding real tokens, each
@@ -271,14 +266,14 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
         rows.append(Row(r, gen.drafter.fork(), setups[r], seq, prompt.tolist(), prompt.shape[0], stats, row_auto))
     total = stats_type(acceptance=gen.acceptance, lossy=rows[0].stats.lossy)
     capacity = t + max_new_tokens + CACHE_SLACK
-    # a draft model drafting chains: one draft cache for all rows, laid out as the target's (None: rows draft alone)
-    chains = gen.drafter.batch_rows(ids, mask, capacity, max_new_tokens, gen.tree)
     catch_up = 0.0  # seconds of the drafter's catch-up after the last verification (the next round's drafting)
     layers = gen.drafter.feature_layers
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda and (profile or auto is not None) else (lambda: None)
     with FeatureCapture(gen.target, layers) if layers else contextlib.nullcontext() as capture:
         t0 = time.perf_counter()
+        # a draft model drafting chains: one draft cache for all rows, laid out as the target's (None: rows draft alone)
+        chains = gen.drafter.batch_rows(ids, mask, capacity, max_new_tokens, gen.tree)
         cache = new_cache(gen.target, capacity=capacity)
         valid, prompt_features = prefill_rows(gen.target, cache, ids, mask, capture)
         for row, feats in zip(rows, prompt_features):

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone,
+from headway.inference.proposer import (Draft, DraftContext, Proposer, RowStep, root_only, run_alone,
                                         sample_children)
 from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
-from headway.inference.kv_cache import crop_to, lay_rows, new_cache, repack_rows
+from headway.inference.kv_cache import crop_to, hidden_where, lay_rows, new_cache, repack_rows, step_mask
 from headway.inference.tree import Tree, chain
 from headway.inference.target_forward import chain_forward, check_attention
 
@@ -207,26 +207,13 @@ class DraftModelProposer(Proposer):
         return feed
 
 
-class ChainStep(DraftRequest):
+class ChainStep(RowStep):
     """The draft model over a row's latest chain token [1] at ``position``: the logits after it [V] (over the
     target's vocabulary). A batch's rows' steps run as one forward over the batch's draft cache (``ChainRows``)."""
-
-    def __init__(self, proposer: DraftModelProposer, token: torch.Tensor, position: int):
-        self.proposer, self.token, self.position = proposer, token, position
-        self.key = proposer._rows[0] if proposer._rows is not None else proposer
 
     def run(self) -> torch.Tensor:
         p = self.proposer
         return p.fit_vocab(chain_forward(p.model, p._cache, self.token, self.position))
-
-    @classmethod
-    def run_together(cls, requests: list["ChainStep"], state: dict) -> list[torch.Tensor]:
-        rows = requests[0].key
-        if not isinstance(rows, ChainRows):
-            return [r.run() for r in requests]
-        at = [r.proposer._rows[1] for r in requests]
-        logits = rows.step(dict(zip(at, (r.token for r in requests))))  # [B, V]
-        return [logits[a] for a in at]
 
 
 class ChainRows:
@@ -265,10 +252,7 @@ class ChainRows:
         for row, token in tokens.items():
             self.tokens[row] = token[0]
         self.steps += 1
-        b, s = self.valid.shape
-        dtype = self.proposer.model.dtype
-        mask = torch.zeros((b, 1, 1, s + self.steps), dtype=dtype, device=self.valid.device)  # the chain: seen
-        mask[:, 0, 0, :s].masked_fill_(~self.valid, torch.finfo(dtype).min)
+        mask = step_mask(self.valid, self.steps, self.proposer.model.dtype)  # [B, 1, 1, S + steps]
         out = self.proposer.model(input_ids=self.tokens[:, None], position_ids=(self.starts + self.steps)[:, None],
                                   attention_mask=mask, cache=self.cache, use_cache=True)
         return self.proposer.fit_vocab(out.logits[:, 0])
@@ -305,9 +289,8 @@ class ChainRows:
         seen = (filled[:, None, :] & torch.ones(k, k, dtype=torch.bool, device=device).tril()) | \
             torch.eye(k, dtype=torch.bool, device=device)
         mask = torch.cat([self.valid[:, None, :].expand(b, k, s), seen], dim=2)  # [B, K, S + K]
-        additive = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
-        out = self.proposer.model(input_ids=tokens, position_ids=positions, attention_mask=additive[:, None],
-                                  cache=self.cache, use_cache=True)
+        out = self.proposer.model(input_ids=tokens, position_ids=positions, cache=self.cache, use_cache=True,
+                                  attention_mask=hidden_where(~mask, dtype)[:, None])
         self.root_logits = self.proposer.fit_vocab(out.logits[:, -1])  # [B, V]
         self.valid = torch.cat([self.valid, filled], dim=1)
         self.tokens = tokens[:, -1].clone()

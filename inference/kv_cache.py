@@ -174,6 +174,17 @@ def compact_rows(cache, start: int, keep: Sequence[Sequence[int]], written: int)
     return longest
 
 
+def hidden_where(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool (True: hidden) -> the additive mask of 0 / finfo(dtype).min of the same shape."""
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, torch.finfo(dtype).min)
+
+
+def step_mask(valid: torch.Tensor, chain: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask [B, 1, 1, S + chain] of one token a row stepped over a batch cache of S slots a row
+    (valid [B, S] bool: each row's own) and then ``chain`` slots, the row's chain so far and the token's own."""
+    return hidden_where(torch.cat([~valid, valid.new_zeros(valid.shape[0], chain)], 1), dtype)[:, None, None]
+
+
 def lay_rows(cache, rows: list, slots: int) -> None:
     """Lay one-row caches ``rows`` (each's entries made alone) into the empty B-row ``cache`` as ``slots`` slots a
     row, each row's entries in its last slots (as left padding puts them); the slots before them are zeros, which

@@ -34,7 +34,8 @@ import torch
 from headway.heads.layerskip import LayerSkipHead
 from headway.heads.target.features import decoder_layers
 from headway.inference import vocab_reduce
-from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone
+from headway.inference.kv_cache import step_mask
+from headway.inference.proposer import Draft, DraftContext, Proposer, RowStep, root_only, run_alone
 from headway.inference.tree import Tree, chain
 from headway.inference.target_forward import early_forward, run_layers, trim_layers
 from headway.inference.verify import probs
@@ -145,14 +146,14 @@ class LayerSkipProposer(Proposer):
         return Draft(chain(len(tokens) - 1), draft_tokens, q=q, scores=score, states=torch.cat(states))
 
 
-class EarlyStep(DraftRequest):
+class EarlyStep(RowStep):
     """One token [1] of a row's chain at ``position`` through the target's first layers, into the target's cache.
     Result: (its layer-E state [1, H], the exit head's logits after it [V'], or None where ``logits`` is False).
     A batch's rows' steps run as one pass over the batch's cache (``EarlyRows``), their exit heads as one product."""
 
     def __init__(self, proposer: LayerSkipProposer, token: torch.Tensor, position: int, logits: bool):
-        self.proposer, self.token, self.position, self.logits = proposer, token, position, logits
-        self.key = proposer._rows[0] if proposer._rows is not None else proposer
+        super().__init__(proposer, token, position)
+        self.logits = logits
 
     def run(self):
         p = self.proposer
@@ -160,18 +161,13 @@ class EarlyStep(DraftRequest):
         return state, p.head(state)[0] if self.logits else None
 
     @classmethod
-    def run_together(cls, requests: list["EarlyStep"], state: dict) -> list:
-        rows = requests[0].key
-        if not isinstance(rows, EarlyRows):
-            return [r.run() for r in requests]
-        at = [r.proposer._rows[1] for r in requests]
-        states = rows.step(dict(zip(at, (r.token for r in requests))))  # [B, H]
+    def pick(cls, requests: list["EarlyStep"], at: list[int], out: torch.Tensor) -> list:
         heads = [i for i, r in enumerate(requests) if r.logits]
         logits = {}
         if heads:
-            out = requests[0].proposer.head(states[torch.tensor([at[i] for i in heads], device=states.device)])
-            logits = dict(zip(heads, out))  # [R, V'] rows
-        return [(states[a:a + 1], logits.get(i)) for i, a in enumerate(at)]
+            states = out[torch.tensor([at[i] for i in heads], device=out.device)]
+            logits = dict(zip(heads, requests[0].proposer.head(states)))  # [R, V'] rows
+        return [(out[a:a + 1], logits.get(i)) for i, a in enumerate(at)]
 
 
 class EarlyRows:
@@ -198,10 +194,8 @@ class EarlyRows:
         """Rows' next tokens {row: [1] long} (the other rows repeat theirs) -> every row's layer-E state [B, H]."""
         for row, token in tokens.items():
             self.tokens[row] = token[0]
-        b, s = self.valid.shape
-        d, dtype = self.steps, self.model.dtype
-        mask = torch.zeros((b, 1, 1, s + d + 1), dtype=dtype, device=self.valid.device)  # the chain so far: seen
-        mask[:, 0, 0, :s].masked_fill_(~self.valid, torch.finfo(dtype).min)
+        d = self.steps
+        mask = step_mask(self.valid, d + 1, self.model.dtype)  # [B, 1, 1, S + d + 1]
         hidden = self.model.get_decoder().embed_tokens(self.tokens[:, None])  # [B, 1, H]
         out = run_layers(self.model, self.cache, hidden, (self.starts + d)[:, None], range(self.exit_layer), mask)
         self.states.append(out[:, 0])

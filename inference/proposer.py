@@ -217,6 +217,28 @@ class DraftRequest:
         return [r.run() for r in requests]
 
 
+class RowStep(DraftRequest):
+    """One token [1] of a row's chain at ``position`` through a drafter's model. In a batch, the proposer's
+    ``_rows`` holds (the batch's shared rows, this row's index): the rows' steps then run as one
+    ``rows.step({row: token})`` -> [B, ...], split per row by ``pick``; alone (``_rows`` None), ``run``."""
+
+    def __init__(self, proposer, token: torch.Tensor, position: int):
+        self.proposer, self.token, self.position = proposer, token, position
+        self.key = proposer._rows[0] if proposer._rows is not None else proposer
+
+    @classmethod
+    def run_together(cls, requests: list["RowStep"], state: dict) -> list:
+        if requests[0].proposer._rows is None:
+            return [r.run() for r in requests]
+        at = [r.proposer._rows[1] for r in requests]
+        return cls.pick(requests, at, requests[0].key.step(dict(zip(at, (r.token for r in requests)))))
+
+    @classmethod
+    def pick(cls, requests: list["RowStep"], at: list[int], out: torch.Tensor) -> list:
+        """Each request's share of the rows' step ``out`` [B, ...]; ``at``: their rows."""
+        return [out[a] for a in at]
+
+
 @torch.no_grad()  # here, once a round, not on each generator (torch's wrapper re-enters no_grad on every resume)
 def run_alone(steps: Generator[DraftRequest, object, Draft]) -> Draft:
     """Run a ``propose_steps`` generator to its Draft, each request alone."""

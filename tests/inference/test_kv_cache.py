@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from headway.inference.kv_cache import BufferLayer, check_compactable, compact_cache, crop_to, new_cache
+from headway.inference.kv_cache import BufferLayer, check_compactable, compact_cache, crop_to, new_cache, step_mask
 from headway.inference.tree import load_tree, node_path
 from headway.inference.target_forward import tree_forward
 from tests.inference.spec_utils import causal_logits, prefilled
@@ -134,3 +134,11 @@ def test_crop_to_drops_the_entries_after_the_context(tiny_llama):
                for layer, (keys, values) in zip(cache.layers, before))
     crop_to(cache, 8)  # already shorter: unchanged
     assert cache.get_seq_length() == 6
+
+
+def test_step_mask_hides_each_rows_holes_and_shows_its_chain():
+    valid = torch.tensor([[False, True, True], [True, False, True]])  # [B=2, S=3]: row 0 left-padded, row 1 a hole
+    mask = step_mask(valid, 2, torch.float64)  # [2, 1, 1, 5]
+    low = torch.finfo(torch.float64).min
+    assert mask.shape == (2, 1, 1, 5) and mask.dtype == torch.float64
+    assert mask[:, 0, 0].tolist() == [[low, 0, 0, 0, 0], [0, low, 0, 0, 0]]
