@@ -56,7 +56,7 @@ METHODS = {  # name -> (drafter kind, tree)
     "draft-model": ("draft-model", "chain-3"),  # a random 2-layer Llama
     "lookahead": ("lookahead", None),
     "suffix": ("suffix", None),
-    "hybrid": ("eagle3+suffix", "tree-7"),  # EAGLE-3's tree with suffix decoding's (the default retrieval part) merged
+    "hybrid": ("eagle3+suffix", "tree-7"),  # EAGLE-3's tree with suffix decoding's (the default retrieval part) stacked
 }
 READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "nonzero", "cpu", "numpy")
 HOST_WORK = (("headway.inference.prompt_lookup", "find_matches"),)  # searches a host tensor: no device involved

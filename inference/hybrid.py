@@ -10,7 +10,9 @@ rather than sample, such as Medusa, EAGLE-2 dynamic trees, prompt lookup and suf
 verifier then tries a node's children one by one against the residual of the target's distribution
 (SpecInfer, arXiv:2305.09781). When a drafter sampled its candidates (``q``), sampled and copied
 children cannot share a node, so that round verifies the first drafter's tree alone, or the first
-non-empty one.
+non-empty one. The trie needs every draft's tokens on the host, a read a round; greedy decoding with a
+fixed tree skips it: the drafts are stacked below the root unmerged (``stack_drafts``), and verification,
+which takes the deepest accepted node, accepts what the trie would.
 
 The first drafter is the primary: the generator's ``tree`` argument applies to it; the others draft
 with their own defaults, their nodes capped by ``max_extra_nodes``. With ``tree="auto"`` the others
@@ -55,6 +57,7 @@ class HybridProposer(Proposer):
         self.gated = len(self.drafters) > 1  # tree="auto": retrieval drafts every round, the gate decides the rest
         self._others = [None] * (len(self.drafters) - 1)  # the other drafters' own trees (resolve_tree)
         self._pending = None
+        self._stacked: dict[tuple, Tree] = {}  # stack_drafts' trees by shape: their device tensors built once
 
     def bind(self, target_model) -> None:
         for i, d in enumerate(self.drafters):
@@ -140,7 +143,11 @@ class HybridProposer(Proposer):
         if any(d.q is not None for d in drafts):  # sampled candidates: one drafter's tree this round
             k = next((k for k, d in enumerate(drafts) if d.tree.size > 1), 0)
             return dataclasses.replace(drafts[k], sources=own_sources(drafts[k], ids[k]))
-        return merge_drafts(drafts, self.max_extra_nodes, ids) if len(drafts) > 1 else drafts[0]
+        if len(drafts) == 1:
+            return drafts[0]
+        if ctx.sampling is None and not ctx.scored and drafts[0].tree.pending_parents() is None:
+            return stack_drafts(drafts, self.max_extra_nodes, ids, self._stacked)  # greedy: no read
+        return merge_drafts(drafts, self.max_extra_nodes, ids)
 
     def propose_first(self, ctx: DraftContext) -> Draft:
         """Before the prompt's pass: the drafters that read no target features (retrieval) draft; a
@@ -188,6 +195,32 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | Non
             if scored and theirs[i] > scores[where[i]]:
                 scores[where[i]], sources[where[i]] = theirs[i], named[i]
     return Draft(Tree(parents, name="hybrid"), first.tokens.new_tensor(tokens), scores=scores, sources=sources)
+
+
+def stack_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int], shapes: dict | None = None) -> Draft:
+    """One draft holding every path of ``drafts`` (deterministic, sharing the root) without a read: each other
+    draft's first ``max_extra_nodes`` nodes hang below the root beside the first draft's tree, unmerged (a path
+    two drafters share appears twice). Greedy verification takes the deepest accepted node, whichever copy, so
+    the accepted tokens are ``merge_drafts``' (whose trie needs every draft's tokens on the host: a read a round);
+    only the pass is wider by the shared nodes. ``ids`` name the drafters in ``Draft.sources``; ``shapes`` caches the
+    trees by their parents (a shape's device tensors then built once). Scores are dropped (tree="auto" merges)."""
+    first = drafts[0]
+    parents, sources, tokens = list(first.tree.parents), own_sources(first, ids[0]), [first.tokens]  # [N]
+    for d, source in zip(drafts[1:], ids[1:]):
+        n = min(d.tree.size, max_extra_nodes + 1)  # parents come before children: a prefix is a subtree
+        base = len(parents) - 1  # d's node i > 0 becomes base + i, its root the shared root
+        parents += [0 if p == 0 else p + base for p in d.tree.parents[1:n]]
+        sources += own_sources(d, source)[1:n]
+        tokens.append(d.tokens[1:n].to(first.tokens.device))
+    key = tuple(parents)
+    tree = shapes.get(key) if shapes is not None else None
+    if tree is None:
+        tree = Tree(parents, name="hybrid")
+        if shapes is not None:
+            if len(shapes) >= 512:  # retrieval's shapes vary with its matches: keep the cache bounded
+                shapes.clear()
+            shapes[key] = tree
+    return Draft(tree, torch.cat(tokens), sources=sources)
 
 
 def read_drafts(drafts: list[Draft], scored: bool) -> tuple[list[list[int]], list[list[float]] | None]:

@@ -6,7 +6,8 @@ import torch
 from headway.heads import MedusaConfig, MedusaHeads
 from headway.inference import (Draft, DraftModelProposer, HybridProposer, PromptLookup, SpeculativeGenerator,
                                SuffixDecoding, Tree)
-from headway.inference.hybrid import merge_drafts
+from headway.inference import hybrid
+from headway.inference.hybrid import merge_drafts, stack_drafts
 from tests.inference.spec_utils import noisy_copy, reference_generate, tiny_vocab_model
 
 
@@ -27,6 +28,49 @@ def test_merge_keeps_the_first_tree_and_adds_what_the_trie_lacks():
     assert merge_drafts([root, root], 4).tree.size == 1
     alone = merge_drafts([model, root], 4, ids=[3, 1])
     assert alone.tree is model.tree and alone.sources == [3] * 4
+
+
+def test_stacking_hangs_each_drafts_nodes_below_the_root_unmerged_and_reuses_its_shapes():
+    model = draft([-1, 0, 1, 0], [9, 4, 5, 6])
+    copied = draft([-1, 0, 1, 2], [9, 4, 5, 7])  # 4-5 shared with the model's tree: stacked, not merged
+    shapes = {}
+    stacked = stack_drafts([model, copied], max_extra_nodes=16, ids=[0, 1], shapes=shapes)
+    assert stacked.tree.parents == [-1, 0, 1, 0, 0, 4, 5] and stacked.tokens.tolist() == [9, 4, 5, 6, 4, 5, 7]
+    assert stacked.sources == [0, 0, 0, 0, 1, 1, 1] and stacked.scores is None
+    capped = stack_drafts([model, copied, draft([-1, 0], [9, 3])], max_extra_nodes=2, ids=[0, 1, 2], shapes=shapes)
+    assert capped.tree.parents == [-1, 0, 1, 0, 0, 4, 0] and capped.tokens.tolist() == [9, 4, 5, 6, 4, 5, 3]
+    again = stack_drafts([model, draft([-1, 0, 1, 2], [9, 8, 3, 2])], max_extra_nodes=16, ids=[0, 1], shapes=shapes)
+    assert again.tree is stacked.tree and again.tokens.tolist() == [9, 4, 5, 6, 8, 3, 2]  # one Tree per shape
+
+
+def test_a_greedy_hybrid_reads_no_draft_and_accepts_what_the_merged_trie_accepts(monkeypatch):
+    """Without tree="auto" a greedy hybrid stacks its drafts (no read to merge them): every round accepts the same
+    tokens as the merged trie's (verification takes the deepest accepted node of either copy)."""
+    target = tiny_vocab_model(seed=3)
+    draft_model = noisy_copy(target, scale=0.7, seed=1)
+    g = torch.Generator().manual_seed(1)
+    prompts = []
+    for i in range(3):
+        segment = torch.randint(2, 8, (int(torch.randint(5, 12, (), generator=g)),), generator=g)
+        prompts.append(torch.cat([segment, segment[: 3 + i]])[None])
+    runs, stacked = {}, []
+
+    def stack(drafts, cap, ids, shapes):
+        stacked.append(len(shapes))
+        return stack_drafts(drafts, cap, ids, shapes)
+
+    for how in ("stacked", "merged"):
+        monkeypatch.setattr(hybrid, "stack_drafts", stack if how == "stacked" else  # "merged": the trie every round
+                            lambda drafts, cap, ids, shapes: merge_drafts(drafts, cap, ids))
+        gen = SpeculativeGenerator(target, [DraftModelProposer(draft_model, gamma=3), PromptLookup(), SuffixDecoding()],
+                                   tree="chain-3")
+        runs[how] = []
+        for prompt in prompts:
+            out = gen.generate(prompt, max_new_tokens=24)
+            assert torch.equal(out.sequences, reference_generate(target, prompt, 24, eos_token_id=None)), how
+            runs[how].append((out.stats.new_tokens, out.stats.target_forward_passes, out.stats.accepted_per_step))
+    assert runs["stacked"] == runs["merged"] and max(max(r[2]) for r in runs["stacked"]) > 1, runs
+    assert len(stacked) > 10 and max(stacked) < len(stacked)  # stacked every round, a shape's tree reused
 
 
 def test_hybrid_greedy_equals_generate_and_copies_where_the_model_misses():
