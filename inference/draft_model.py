@@ -18,7 +18,8 @@ import torch
 
 from headway.inference.proposer import (Draft, DraftContext, Proposer, RowStep, root_only, run_alone,
                                         sample_children)
-from headway.inference.expand import DynamicTree, Expansion, expand_dynamic, expand_static, feed_mask
+from headway.inference.expand import (DynamicTree, Expansion, expand_dynamic, expand_static, feed_block, feed_mask,
+                                      grow_dynamic, grow_static)
 from headway.inference.kv_cache import crop_to, hidden_where, lay_rows, new_cache, repack_rows, step_mask
 from headway.inference.tree import Tree, chain
 from headway.inference.target_forward import chain_forward, check_attention
@@ -129,24 +130,38 @@ class DraftModelProposer(Proposer):
 
     def batch_rows(self, ids: torch.Tensor, mask: torch.Tensor, capacity: int, max_new_tokens: int,
                    tree) -> "ChainRows | None":
-        """A batch [B, T] with its mask, drafting ``tree``: one draft cache for every row (``ChainRows``) when the
-        tree is a chain that fits the draft model's positions; None: each row drafts on its own."""
-        if not isinstance(tree, Tree) or not tree.is_chain:
+        """A batch [B, T] with its mask, drafting ``tree`` (a static tree or dynamic settings; None: the default):
+        one draft cache for every row (``ChainRows``) when every draft fits the draft model's positions; None: each
+        row drafts on its own."""
+        tree = self.default_tree() if tree is None else tree
+        if not isinstance(tree, (Tree, DynamicTree)):
             return None
         if self._context is not None and ids.shape[1] + max_new_tokens + tree.depth + 1 > self._context:
             return None  # a row may run past the draft's window, where a lone row stops drafting
         return ChainRows(self, ids, mask, capacity)
 
     def propose_steps(self, ctx: DraftContext):
-        """A batch's row: its chain over the batch's draft cache, each step a request the rows run together
-        (``ChainStep``); drafted alone otherwise."""
+        """A batch's row: its chain or tree over the batch's draft cache, each step or level a request the rows run
+        together (``ChainStep``, ``TreeFeed``); drafted alone otherwise."""
         if self._rows is None:
             return self.propose(ctx)
         rows, row = self._rows
-        tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(ctx.max_depth)
-        if tree.size == 1:
-            return root_only(ctx)
-        return (yield from self._chain(ctx, tree, rows.root_logits[row]))
+        tree, logits = self.default_tree() if ctx.tree is None else ctx.tree, rows.root_logits[row]  # [V]
+        if isinstance(tree, DynamicTree):
+            growth = grow_dynamic(tree, ctx.max_depth, ctx.root_token, logits)
+        else:
+            tree = tree.truncate(ctx.max_depth)
+            if tree.size == 1:
+                return root_only(ctx)
+            if tree.is_chain:
+                return (yield from self._chain(ctx, tree, logits))
+            growth = grow_static(tree, ctx.root_token, logits, ctx.sampling, ctx.generator, scored=ctx.scored)
+        try:  # each level's feed a request: the rows' levels run as one forward (ChainRows.feed)
+            exp, nodes = next(growth)
+            while True:
+                exp, nodes = growth.send((yield TreeFeed(self, exp, nodes)))
+        except StopIteration as done:
+            return done.value
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
@@ -216,9 +231,26 @@ class ChainStep(RowStep):
         return p.fit_vocab(chain_forward(p.model, p._cache, self.token, self.position))
 
 
+class TreeFeed(RowStep):
+    """A level of a row's tree: ``nodes`` of the expansion ``exp`` through the draft model after the row's context
+    -> their logits [R, V]. A batch's rows' levels run as one forward over the batch's draft cache (``ChainRows``)."""
+
+    def __init__(self, proposer: DraftModelProposer, exp: Expansion, nodes: list[int]):
+        super().__init__(proposer, None, 0)
+        self.exp, self.nodes = exp, nodes
+
+    def run(self) -> torch.Tensor:
+        raise RuntimeError("TreeFeed runs in a batch's rows only (a lone row feeds its levels in propose)")
+
+    @classmethod
+    def run_rows(cls, rows: "ChainRows", requests: dict[int, "TreeFeed"]) -> dict[int, torch.Tensor]:
+        return rows.feed({row: (r.exp, r.nodes) for row, r in requests.items()})
+
+
 class ChainRows:
     """A batch's draft model over one cache of B rows, laid out as the target's batch cache
     (``headway.inference.batch``): the same slots and holes, plus a last column holding each row's root.
+    Its rows draft chains (``step``) or trees (``feed``: each level's nodes of every row in one forward).
 
     Built from the prompts (each run alone, causally, its whole prompt laid into its row: the target's
     prompt slots, then the root), which gives every row's root logits. A round's chain steps (``step``) each
@@ -245,29 +277,64 @@ class ChainRows:
         self.valid = mask.bool().clone()  # [B, T]: the target's T - 1 prompt slots and the root column
         self.tokens = ids[:, -1].clone()  # [B] each row's latest token (its root, then its chain's)
         self.starts = mask.sum(1) - 1  # [B] each row's root position
-        self.steps = 0
+        self.chain = torch.zeros(ids.shape[0], 0, dtype=torch.bool, device=ids.device)
+        self.end_round()
 
     def step(self, tokens: dict[int, torch.Tensor]) -> torch.Tensor:
         """Rows' next chain tokens {row: [1] long} (the other rows repeat theirs) -> every row's logits [B, V]."""
         for row, token in tokens.items():
             self.tokens[row] = token[0]
         self.steps += 1
-        mask = step_mask(self.valid, self.steps, self.proposer.model.dtype)  # [B, 1, 1, S + steps]
+        seen = torch.cat([self.valid, self.chain], 1)  # [B, S + C]: a chain step sees the context and its chain
+        mask = step_mask(seen, 1, self.proposer.model.dtype)  # [B, 1, 1, S + C + 1]
         out = self.proposer.model(input_ids=self.tokens[:, None], position_ids=(self.starts + self.steps)[:, None],
                                   attention_mask=mask, cache=self.cache, use_cache=True)
+        self.chain = torch.cat([self.chain, self.chain.new_ones(self.chain.shape[0], 1)], 1)
         return self.proposer.fit_vocab(out.logits[:, 0])
 
+    def feed(self, parts: dict[int, tuple[Expansion, list[int]]]) -> dict[int, torch.Tensor]:
+        """Rows' next tree level {row: (its expansion, the nodes to feed)} in one forward of R columns a row (R the
+        most nodes; a row feeding fewer, or none, pads with columns that see only themselves) -> {row: the nodes'
+        logits [R_b, V]}. A node sees its row's context, its fed ancestors and itself (``feed_block``)."""
+        model, device = self.proposer.model, self.valid.device
+        (b, s), c = self.valid.shape, self.chain.shape[1]
+        r = max(len(nodes) for _, nodes in parts.values())
+        seen = torch.zeros(b, r, s + c + r, dtype=torch.bool, device=device)  # [B, R, S + C + R]
+        seen[:, torch.arange(r, device=device), s + c + torch.arange(r, device=device)] = True  # each column itself
+        ids = self.tokens[:, None].repeat(1, r)  # [B, R]
+        positions = self.starts[:, None].repeat(1, r)  # [B, R]
+        for row, (exp, nodes) in parts.items():
+            n, fed = len(nodes), self.fed_cols[row]
+            sees = ~feed_block(exp, nodes, device)  # [n, F + n]: the row's fed nodes (feed order), then these
+            seen[row, :n, :s] = self.valid[row]
+            if fed:
+                seen[row, :n, s + torch.tensor(fed, device=device)] = sees[:, :len(fed)]
+            seen[row, :n, s + c:s + c + n] = sees[:, len(fed):]
+            ids[row, :n] = exp.token_ids(nodes, device)
+            positions[row, :n] += exp.node_depths(nodes, device)
+            self.fed_cols[row] = fed + list(range(c, c + n))
+        out = model(input_ids=ids, position_ids=positions, attention_mask=hidden_where(~seen, model.dtype)[:, None],
+                    cache=self.cache, use_cache=True)
+        self.chain = torch.cat([self.chain, self.chain.new_zeros(b, r)], 1)  # no chain step sees a tree's columns
+        logits = self.proposer.fit_vocab(out.logits)  # [B, R, V]
+        return {row: logits[row, :len(nodes)] for row, (_, nodes) in parts.items()}
+
     def end_round(self) -> None:
-        """Drop the round's chain steps: the cache holds the context again."""
-        if self.steps:
-            self.cache.crop(-self.steps)
-            self.steps = 0
+        """Drop the round's chain steps and tree levels: the cache holds the context again."""
+        if self.chain.shape[1]:
+            self.cache.crop(-self.chain.shape[1])
+        self.steps = 0  # chain steps this round
+        self.chain = torch.zeros(self.valid.shape[0], 0, dtype=torch.bool, device=self.valid.device)  # [B, C]: the
+        # round's columns a row's chain steps see (its own steps'; not a tree level's)
+        self.fed_cols: list[list[int]] = [[] for _ in range(self.valid.shape[0])]  # each row's fed tree nodes' columns
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the rows ``index`` [B'] long, in that order (the target's ``batch_select_indices``)."""
         self.cache.batch_select_indices(index)
         self.valid, self.tokens = self.valid.index_select(0, index), self.tokens.index_select(0, index)
         self.starts, self.root_logits = self.starts.index_select(0, index), self.root_logits.index_select(0, index)
+        self.chain = self.chain.index_select(0, index)
+        self.end_round()
 
     def repack(self) -> None:
         """Squeeze the holes out as the target's ``repack_rows`` does (each row's valid slots moved to the end: the

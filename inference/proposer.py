@@ -231,7 +231,12 @@ class RowStep(DraftRequest):
         if requests[0].proposer._rows is None:
             return [r.run() for r in requests]
         at = [r.proposer._rows[1] for r in requests]
-        return cls.pick(requests, at, requests[0].key.step(dict(zip(at, (r.token for r in requests)))))
+        return cls.pick(requests, at, cls.run_rows(requests[0].key, dict(zip(at, requests))))
+
+    @classmethod
+    def run_rows(cls, rows, requests: dict[int, "RowStep"]):
+        """The rows' steps {row: request} as one: ``rows.step({row: token})`` -> [B, ...]."""
+        return rows.step({row: r.token for row, r in requests.items()})
 
     @classmethod
     def pick(cls, requests: list["RowStep"], at: list[int], out: torch.Tensor) -> list:

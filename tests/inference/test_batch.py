@@ -136,6 +136,63 @@ def test_the_shared_draft_cache_gives_each_rows_own_logits():
             assert torch.allclose(logits[r], alone(contexts[r] + [t]), atol=1e-10), r
 
 
+def test_the_shared_draft_cache_feeds_each_rows_tree_levels_as_its_own_context_would():
+    """``ChainRows.feed`` against the draft model run alone on each row's context and the node's path (fp64): a
+    first level of 2, 1 and 0 nodes (row 1 feeding none, its columns padding), a second level of row 0 below its
+    second node, then the round cropped and a chain step as before."""
+    from headway.inference.draft_model import ChainRows
+    from headway.inference.expand import Expansion
+
+    model = tiny_vocab_model(3, vocab=50, scale=1.0)
+    proposer = DraftModelProposer(model, gamma=3)
+    g = torch.Generator().manual_seed(1)
+    contexts = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (4, 7, 2)]
+    ids, mask = left_pad([torch.tensor([c]) for c in contexts], 0)
+
+    def alone(context):
+        return model(torch.tensor([context])).logits[0, -1]
+
+    with torch.no_grad():
+        rows = ChainRows(proposer, ids, mask, capacity=64)
+        trees = {0: Expansion([-1, 0, 0, 2], [contexts[0][-1], 31, 32, 33], [0, 1, 1, 2]),
+                 2: Expansion([-1, 0], [contexts[2][-1], 41], [0, 1])}
+        out = rows.feed({0: (trees[0], [1, 2]), 2: (trees[2], [1])})
+        for row, exp in trees.items():
+            exp.fed += [1, 2] if row == 0 else [1]
+        assert out[0].shape == (2, 50) and out[2].shape == (1, 50)
+        assert torch.allclose(out[0][0], alone(contexts[0] + [31]), atol=1e-10)
+        assert torch.allclose(out[0][1], alone(contexts[0] + [32]), atol=1e-10)  # not seeing its sibling
+        assert torch.allclose(out[2][0], alone(contexts[2] + [41]), atol=1e-10)
+        deeper = rows.feed({0: (trees[0], [3])})  # below node 2: sees 2, not 1, nor row 2's column
+        assert torch.allclose(deeper[0][0], alone(contexts[0] + [32, 33]), atol=1e-10)
+        rows.end_round()
+        assert rows.cache.get_seq_length() == ids.shape[1]
+        logits = rows.step({1: torch.tensor([9])})
+        assert torch.allclose(logits[1], alone(contexts[1] + [9]), atol=1e-10)
+
+
+@pytest.mark.parametrize("tree", ["tree-7", {"depth": 3, "top_k": 2, "total_tokens": 6}])
+def test_a_draft_models_trees_share_one_cache_level_by_level(family, tree, monkeypatch):
+    """A draft model's static or dynamic tree in a batch: each level of every drafting row is one forward over the
+    shared cache (``ChainRows.feed``). With the target's weights as the draft, every round accepts a full path
+    (but where the budget or the EOS cuts it), and every row equals its own generate."""
+    from headway.inference.draft_model import ChainRows
+
+    levels = []
+    real = ChainRows.feed
+    monkeypatch.setattr(ChainRows, "feed", lambda self, parts: levels.append(len(parts)) or real(self, parts))
+    target = family.target
+    pad = target.generation_config.pad_token_id
+    prompts = family.prompts[:BATCH]
+    ids, mask = left_pad(prompts, pad)
+    gen = SpeculativeGenerator(target, DraftModelProposer(copy.deepcopy(target)), tree=tree)
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=20)
+    assert_rows_equal_generate(target, out, prompts, ids, 20, pad)
+    for r, st in enumerate(out.rows):
+        assert all(n >= 3 for n in st.accepted_per_step[:-1]), (r, st.accepted_per_step)
+    assert levels and max(levels) > 1  # the rows' levels ran together
+
+
 def test_rows_stop_at_their_own_eos_and_honour_the_generation_config():
     target = tiny_vocab_model(seed=3)
     prompts = [torch.tensor([PROMPT]), torch.tensor([[3, 3, 3, 3]]), torch.tensor([PROMPT[:3]]), torch.tensor([[5]])]
