@@ -228,9 +228,8 @@ def drafter_functions(drafter) -> list:
     ``few_rows_linear`` binds its own name)."""
     import headway.inference.dflash as dflash_runtime
     import headway.inference.eagle as eagle_runtime
-    import headway.inference.peagle as peagle_runtime
 
-    out = [(m, "few_rows_linear") for m in (eagle_runtime, peagle_runtime, dflash_runtime)]
+    out = [(m, "few_rows_linear") for m in (eagle_runtime, dflash_runtime)]  # (P-EAGLE projects through eagle's)
     out += [(d, "head_logits") for d in drafter_modules(drafter) if isinstance(d, MedusaHeads)]
     return out
 

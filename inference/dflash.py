@@ -30,7 +30,8 @@ from headway.heads.eagle_layer import DraftCache
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.eagle import bind_head
 from headway.inference.expand import DynamicTree, expand_dynamic_tensors, expand_static
-from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only
+from headway.inference.kv_cache import step_mask
+from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone
 from headway.inference.tree import Tree
 
 
@@ -95,46 +96,78 @@ class DFlashProposer(Proposer):
 
     def block_logits(self, ctx: DraftContext, depth: int) -> torch.Tensor:
         """One block at positions L-1 .. L+B-2 -> logits [depth, V'] of slots 1 .. depth (slot k: depth k)."""
-        head, length = self.head, ctx.tokens.shape[0]
+        return self._logits(self._block(ctx.tokens[-1:], ctx.tokens.shape[0] - 1), depth)
+
+    def _block(self, root: torch.Tensor, start: int) -> torch.Tensor:
+        """The block, the root [1] then B - 1 mask tokens at positions start .. start+B-1, over the context -> h [B, H];
+        the caches left holding the context."""
+        head = self.head
         ids = torch.full((1, self.block), head.config.mask_token_id, dtype=torch.long, device=self._device)
-        ids[0, 0] = ctx.tokens[-1]
-        positions = torch.arange(length - 1, length - 1 + self.block, device=self._device)[None]  # [1, B]
+        ids[0, 0] = root[0]
+        positions = torch.arange(start, start + self.block, device=self._device)[None]  # [1, B]
         h = head(ids, positions, self._caches)  # [1, B, H]; the block's k/v were appended to the caches
         for cache in self._caches:
             cache.crop(self._seen)
-        return few_rows_linear(*head.projection(h[0, 1:depth + 1])).float()  # [depth, V']
+        return h[0]
 
-    @torch.no_grad()
+    def _logits(self, h: torch.Tensor, depth: int) -> torch.Tensor:
+        """The block's h [B, H] -> logits [depth, V'] of slots 1 .. depth."""
+        return few_rows_linear(*self.head.projection(h[1:depth + 1])).float()
+
     def propose(self, ctx: DraftContext) -> Draft:
+        return run_alone(self.propose_steps(ctx))
+
+    def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
+        """The catch-up, then the block (a ``BlockPass``: a batch's rows run theirs as one pass), then the tree over
+        its rows: EAGLE-2's dynamic tree (``_dynamic``) or a static one, whose depth-d level reads slot d's row."""
         tree = ctx.tree if ctx.tree is not None else self.default_tree()
-        if isinstance(tree, DynamicTree):
-            return self._dynamic(ctx, tree)
-        tree = tree.truncate(ctx.max_depth)
-        if not self._catch_up(ctx) or tree.size == 1:
+        dynamic = isinstance(tree, DynamicTree)
+        tree = tree if dynamic else tree.truncate(ctx.max_depth)
+        depth = min(tree.depth, ctx.max_depth)
+        if not self._catch_up(ctx) or depth < 1:
             return root_only(ctx)
-        logits = self.block_logits(ctx, tree.depth)  # [depth, V']: row d scores the children of depth-d nodes
+        logits = self._logits((yield BlockPass(self, ctx.tokens[-1:], ctx.tokens.shape[0] - 1)), depth)  # [depth, V']
+        head = self.head
+        if dynamic:
+            return self._dynamic(ctx, tree, logits)
 
         def feed(exp, nodes):  # a static level's frontier (one depth): its slot's logits, a row each
             return logits[exp.depths[nodes[0]]].expand(len(nodes), -1)
 
-        head = self.head
         return expand_static(tree, ctx.root_token, logits[0], feed, ctx.sampling, ctx.generator, head.to_target_ids,
                              head.widen, ctx.scored)
 
-    def _dynamic(self, ctx: DraftContext, tree: DynamicTree) -> Draft:
-        """An EAGLE-2 dynamic tree over the block's rows: a level's every row is its depth's slot (the slots never
-        read the drafted tokens, so a node's children do not depend on which node it is)."""
-        depth = min(tree.depth, ctx.max_depth)
-        if not self._catch_up(ctx) or depth < 1:
-            return root_only(ctx)
-        logits = self.block_logits(ctx, depth)  # [depth, V']
-
+    def _dynamic(self, ctx: DraftContext, tree: DynamicTree, logits: torch.Tensor) -> Draft:
+        """An EAGLE-2 dynamic tree over the block's rows (logits [depth, V']): a level's every row is its depth's slot
+        (the slots never read the drafted tokens, so a node's children do not depend on which node it is)."""
         def feed(tokens, parent_rows, level, allowed):  # every frontier row at depth ``level``: that slot's logits,
             return logits[level][None]  # [1, V'], scored once for all of them
 
-        return expand_dynamic_tensors(tree, depth, ctx.root_token, logits[0], feed, self.head.to_target_ids)
+        return expand_dynamic_tensors(tree, logits.shape[0], ctx.root_token, logits[0], feed, self.head.to_target_ids)
 
-    def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
-        """A batch's row drafts alone (its one pass needs no level-by-level batching)."""
-        return self.propose(ctx)
-        yield  # a generator (never reached)
+
+class BlockPass(DraftRequest):
+    """A row's block (``DFlashProposer._block``): root [1] at ``start``, then the mask tokens -> h [B, H]. A batch's
+    rows run theirs as one pass over their context caches stacked per layer (``DraftCache.stacked``), each row seeing
+    its own context's slots and its whole block."""
+
+    def __init__(self, proposer: DFlashProposer, root: torch.Tensor, start: int):
+        self.key, self.proposer, self.root, self.start = proposer.head, proposer, root, start
+
+    def run(self) -> torch.Tensor:
+        return self.proposer._block(self.root, self.start)
+
+    @classmethod
+    def run_together(cls, requests: list["BlockPass"], state: dict) -> list[torch.Tensor]:
+        if len(requests) == 1:
+            return [requests[0].run()]
+        head, rows = requests[0].key, [r.proposer for r in requests]
+        block, device = rows[0].block, rows[0]._device
+        stacked = [DraftCache.stacked([p._caches[i] for p in rows], room=block) for i in range(len(head.layers))]
+        valid = stacked[0][1]  # [R, S] each row's context slots (the same in every layer)
+        ids = torch.full((len(rows), block), head.config.mask_token_id, dtype=torch.long, device=device)
+        ids[:, 0] = torch.cat([r.root for r in requests])
+        positions = torch.tensor([r.start for r in requests], device=device)[:, None] + \
+            torch.arange(block, device=device)  # [R, B]
+        mask = step_mask(valid, block, next(head.parameters()).dtype)  # [R, 1, 1, S + B]: the context, the whole block
+        return list(head(ids, positions, [cache for cache, _ in stacked], attention_mask=mask))  # [B, H] a row

@@ -228,32 +228,42 @@ class CatchUp(DraftRequest):
 
     MAX_BATCHED = 16  # positions
 
-    def __init__(self, proposer: EagleProposer, tokens: torch.Tensor, features: torch.Tensor):
+    def __init__(self, proposer: EagleProposer, tokens: torch.Tensor, features: torch.Tensor, slots: int | None = None):
         self.key, self.proposer, self.tokens, self.features = proposer.head, proposer, tokens, features
+        self.slots = slots  # P-EAGLE's s mask slots after the context, in the same pass: the result is then [1 + s, H]
 
     def run(self) -> torch.Tensor:
-        return self.proposer._take_in(self.tokens, self.features)[-1]
+        p = self.proposer
+        after = p.head.slot_inputs(self.slots, p._device) if self.slots else None
+        out = p._take_in(self.tokens, self.features, after=after)  # [1 + slots, H]
+        return out[-1] if self.slots is None else out
 
     @classmethod
     def run_together(cls, requests: list["CatchUp"], state: dict) -> list[torch.Tensor]:
         short = [r for r in requests if r.features.shape[0] <= cls.MAX_BATCHED and r.proposer._seen > 0]
         done = dict(zip(map(id, short), catch_up_rows(short))) if len(short) > 1 else {}
-        return [done[id(r)] if id(r) in done else r.run() for r in requests]
+        return [(done[id(r)][0] if r.slots is None else done[id(r)]) if id(r) in done else r.run() for r in requests]
 
 
 def catch_up_rows(requests: list[CatchUp]) -> list[torch.Tensor]:
     """Several rows' catch-ups as one head pass: the rows' draft caches stacked (``DraftCache.stacked``), each row's
-    n_b new positions after all slots, seeing its own context's slots (a prefix validity mask) and its new positions
-    causally (a padding position sees only itself); then each row's new keys/values appended to its own cache.
-    Each row's roll-back to its context comes first, as ``_take_in``'s. Returns each row's root h' [H]."""
+    n_b new positions (then its s_b mask slots, P-EAGLE's) after all slots, seeing its own context's slots (a prefix
+    validity mask) and its new positions causally (a padding position sees only itself); then each row's new
+    keys/values (not the slots') appended to its own cache. Each row's roll-back to its context comes first, as
+    ``_take_in``'s. Returns each row's root h' and its slots' [1 + s_b, H]."""
     head, rows = requests[0].key, [r.proposer for r in requests]
     for p in rows:
         p._cache.crop(p._seen)
-    sizes = [r.features.shape[0] for r in requests]
+    news = [r.features.shape[0] for r in requests]
+    sizes = [n + (r.slots or 0) for n, r in zip(news, requests)]
     b, width = len(rows), max(sizes)
     cache, valid = DraftCache.stacked([p._cache for p in rows], room=width)  # [B, S] valid slots
     s, device = valid.shape[1], valid.device
-    hidden = [head.input_hidden(r.features) for r in requests]  # [n_b, H] each
+    hidden, slot_ids = [head.input_hidden(r.features) for r in requests], {}  # [n_b, H] each
+    for row, r in enumerate(requests):
+        if r.slots:  # [s_b] the mask token, [s_b, H] its learnt input
+            slot_ids[row], slot_hidden = head.slot_inputs(r.slots, device)
+            hidden[row] = torch.cat([hidden[row], slot_hidden])
     dtype = hidden[0].dtype
     mask = torch.full((b, 1, width, s + width), torch.finfo(dtype).min, dtype=dtype, device=device)
     mask[:, 0, :, :s].masked_fill_(valid[:, None], 0.0)
@@ -261,17 +271,19 @@ def catch_up_rows(requests: list[CatchUp]) -> list[torch.Tensor]:
     positions = torch.zeros(b, width, dtype=torch.long, device=device)
     stacked = hidden[0].new_zeros(b, width, hidden[0].shape[-1])
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril_()
-    for row, (r, p, n) in enumerate(zip(requests, rows, sizes)):
-        tokens[row, :n] = r.tokens[p._seen + 1:p._seen + 1 + n]  # x[j+1] paired with f[j]
+    for row, (r, p, n, m) in enumerate(zip(requests, rows, sizes, news)):
+        tokens[row, :m] = r.tokens[p._seen + 1:p._seen + 1 + m]  # x[j+1] paired with f[j]
+        if r.slots:
+            tokens[row, m:n] = slot_ids[row]
         positions[row, :n] = torch.arange(p._seen, p._seen + n, device=device)
         stacked[row, :n] = hidden[row]
         mask[row, 0, :n, s:s + n].masked_fill_(causal[:n, :n], 0.0)
         mask[row, 0, torch.arange(n, width), s + torch.arange(n, width)] = 0.0  # padding: itself only
     out = head(tokens, stacked, positions, attention_mask=mask, cache=cache)  # [B, W, H]
-    for row, (p, n) in enumerate(zip(rows, sizes)):
-        p._cache.append(cache._keys[row:row + 1, :, s:s + n], cache._values[row:row + 1, :, s:s + n])
-        p._seen += n
-    return [out[row, n - 1] for row, n in enumerate(sizes)]
+    for row, (p, m) in enumerate(zip(rows, news)):
+        p._cache.append(cache._keys[row:row + 1, :, s:s + m], cache._values[row:row + 1, :, s:s + m])
+        p._seen += m
+    return [out[row, m - 1:n] for row, (m, n) in enumerate(zip(news, sizes))]
 
 
 class Project(DraftRequest):

@@ -1,7 +1,7 @@
 """P-EAGLE's runtime (arXiv:2602.01469; ``headway.heads.peagle``): K draft tokens from one drafter pass.
 
-A round is one drafter pass: it catches the drafter's cache up on the newly accepted positions (as EAGLE
-does: the root's entry pairs the root token with the target's last feature, and its output scores depth 1)
+A round is one drafter pass (a batch's rows: one pass over their stacked draft caches): it catches the
+drafter's cache up on the newly accepted positions (as EAGLE does: the root's entry pairs the root token with the target's last feature, and its output scores depth 1)
 with the K - 1 mask slots at the following positions in the same causal forward (slot j scores depth
 j + 1), and crops the slots off the cache. The draft is a chain: greedy takes each row's argmax, sampling
 draws each token from its own row's distribution q (the row does not depend on the tokens drawn before it,
@@ -17,8 +17,7 @@ import torch
 
 from headway.heads.peagle import PEagleHead
 from headway.inference import vocab_reduce
-from headway.inference.cpu_gemm import few_rows_linear
-from headway.inference.eagle import EagleProposer
+from headway.inference.eagle import CatchUp, EagleProposer, Project
 from headway.inference.proposer import Draft, DraftContext, DraftRequest, root_only
 from headway.inference.tree import Tree, chain
 from headway.inference.verify import probs
@@ -46,17 +45,19 @@ class PEagleProposer(EagleProposer):
                              f"the tree {tree.name or tree.size} (depth {tree.depth}); pass chain-1 .. "
                              f"chain-{self.depths} or tree=None")
 
-    @torch.no_grad()
-    def propose(self, ctx: DraftContext) -> Draft:
+    def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
+        """The round's one drafter pass (a ``CatchUp`` with the depth - 1 mask slots) and the rows' projection: a
+        batch's rows run each as one pass over their stacked caches (``catch_up_rows``) and one product."""
         tree = ctx.tree if isinstance(ctx.tree, Tree) else self.default_tree()
         depth = min(tree.depth, ctx.max_depth)
-        if not self._new_positions(ctx) or depth < 1:
-            self._catch_up(ctx)  # nothing to draft from (a one-token prompt) or nothing asked: the context only
+        if not self._new_positions(ctx):
+            return root_only(ctx)  # nothing to draft from (a one-token prompt)
+        if depth < 1:  # nothing asked: the context only
+            yield CatchUp(self, ctx.tokens, ctx.features)
             return root_only(ctx)
         head = self.head
-        # the catch-up with the depth - 1 mask slots after the root, in one drafter forward
-        rows = self._take_in(ctx.tokens, ctx.features, after=head.slot_inputs(depth - 1, self._device))  # [depth, H]
-        logits = few_rows_linear(*head.projection(rows)).float()  # [depth, V']
+        rows = yield CatchUp(self, ctx.tokens, ctx.features, slots=depth - 1)  # [depth, H]: the root's, the slots'
+        logits = (yield Project(head, rows)).float()  # [depth, V']
         if ctx.sampling is None:
             picked = vocab_reduce.argmax(logits)  # [depth]
             chosen = logits.softmax(-1).gather(1, picked[:, None])[:, 0] if ctx.scored else None
@@ -69,8 +70,3 @@ class PEagleProposer(EagleProposer):
         tokens = torch.cat([ctx.tokens[-1:], head.to_target_ids(picked)])  # [depth + 1]
         scores = torch.cat([chosen.new_ones(1), chosen.cumprod(0)]) if ctx.scored else None
         return Draft(chain(depth), tokens, q=q, scores=scores)
-
-    def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
-        """A batch's row drafts alone (its one pass needs no level-by-level batching)."""
-        return self.propose(ctx)
-        yield  # a generator (never reached)

@@ -61,10 +61,43 @@ def test_one_block_per_round_and_the_context_only_stays(family, heads, monkeypat
     assert gen.drafter._seen == out.sequences.shape[1] - 2  # the context: every position but the last two's root
 
 
-@pytest.mark.parametrize("tree", [None, DYNAMIC])
-def test_a_batch_equals_its_rows_alone(family, heads, tree):
+@pytest.mark.parametrize("tree", [None, DYNAMIC, "chain-3"])
+def test_a_batch_equals_its_rows_alone(family, heads, tree, monkeypatch):
+    """Each row of a batch equals its own generate; the rows' blocks run as one pass (``BlockPass.run_together``)."""
+    from headway.inference.dflash import BlockPass
+
+    passes = []
+    real = BlockPass.run_together.__func__
+    monkeypatch.setattr(BlockPass, "run_together", classmethod(
+        lambda cls, requests, state: passes.append(len(requests)) or real(cls, requests, state)))
     gen = SpeculativeGenerator(family.target, dflash_for(family, heads), tree=tree)
     assert_batch_equals_rows(gen, family)
+    assert passes and max(passes) > 1, passes
+
+
+def test_a_batchs_blocks_are_one_pass_giving_each_row_its_own(family, heads):
+    """Rows with contexts of 3 and 6 positions: one pass over their stacked caches gives each row's block the h its
+    own pass gives (fp32, to rounding), and leaves each row's caches holding its context."""
+    from headway.inference.dflash import BlockPass, DFlashProposer
+    from headway.inference.proposer import DraftContext
+
+    head = dflash_for(family, heads)
+    torch.manual_seed(3)
+    rows, alone, requests = [], [], []
+    for n in (3, 6):
+        tokens = torch.randint(3, 100, (n + 1,))
+        features = torch.randn(n, len(head.config.feature_layers) * family.target.config.hidden_size)
+        ctx = DraftContext(tokens, features, None, 3, None, None)
+        for group in (rows, alone):
+            p = DFlashProposer(head)
+            p.bind(family.target)
+            p._catch_up(ctx)
+            group.append(p)
+        requests.append(BlockPass(rows[-1], tokens[-1:], n))
+    out = BlockPass.run_together(requests, {})
+    for p, q, r, h in zip(rows, alone, requests, out):
+        torch.testing.assert_close(h, q._block(r.root, r.start), rtol=1e-5, atol=1e-6)
+        assert all(len(c) == p._seen for c in p._caches)
 
 
 def test_a_batchs_dynamic_trees_are_read_with_its_verification(family, heads):

@@ -69,9 +69,46 @@ def test_the_one_pass_equals_the_catch_up_then_the_slots(family, heads):
     assert len(one._cache) == one._seen == n
 
 
-def test_a_batch_equals_its_rows_alone(family, heads):
+def test_a_batchs_passes_are_one_pass_giving_each_row_its_own(family, heads):
+    """Rows with contexts of their own (3 and 5 positions seen, then 2 and 1 new) and 2 and 1 mask slots: one pass
+    over their stacked caches (``catch_up_rows``) gives each row the root's and slots' h' its own pass gives, and
+    leaves each row's cache as its own pass does (the context only)."""
+    from headway.inference.eagle import CatchUp, catch_up_rows
+
+    head = peagle_for(family, heads)
+    rows, alone = [PEagleProposer(head) for _ in range(2)], [PEagleProposer(head) for _ in range(2)]
+    for p in rows + alone:
+        p.bind(family.target)
+        p.reset()
+    torch.manual_seed(2)
+    requests, expected = [], []
+    for r, (seen, new, slots) in enumerate(((3, 2, 2), (5, 1, 1))):
+        tokens = torch.randint(3, 100, (seen + new + 1,))
+        features = torch.randn(seen + new, head.config.feature_width)
+        for p in (rows[r], alone[r]):
+            p._take_in(tokens, features[:seen])
+        expected.append(alone[r]._take_in(tokens, features[seen:], after=head.slot_inputs(slots, torch.device("cpu"))))
+        requests.append(CatchUp(rows[r], tokens, features[seen:], slots=slots))
+    out = catch_up_rows(requests)
+    for r in range(2):
+        assert out[r].shape == expected[r].shape
+        torch.testing.assert_close(out[r], expected[r], rtol=1e-5, atol=1e-6)
+        assert rows[r]._seen == alone[r]._seen and len(rows[r]._cache) == rows[r]._seen
+        torch.testing.assert_close(rows[r]._cache._keys[..., :rows[r]._seen, :],
+                                   alone[r]._cache._keys[..., :alone[r]._seen, :], rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_equals_its_rows_alone(family, heads, monkeypatch):
+    """Each row of a batch equals its own generate, the rows' passes run as one (``catch_up_rows`` with slots)."""
+    import headway.inference.eagle as eagle_mod
+
+    passes = []
+    real = eagle_mod.catch_up_rows
+    monkeypatch.setattr(eagle_mod, "catch_up_rows", lambda requests: passes.append(
+        [r.slots for r in requests]) or real(requests))
     gen = SpeculativeGenerator(family.target, peagle_for(family, heads), tree=None)
     assert_batch_equals_rows(gen, family)
+    assert any(len(p) > 1 and all(s for s in p) for p in passes), passes
 
 
 def test_bad_trees_are_refused(family, heads):
