@@ -28,7 +28,7 @@ import torch
 from headway.heads.dflash import DFlashHead
 from headway.heads.eagle_layer import DraftCache
 from headway.inference.cpu_gemm import few_rows_linear
-from headway.inference.eagle import bind_head
+from headway.inference.eagle import Project, bind_head
 from headway.inference.expand import DynamicTree, expand_dynamic_tensors, expand_static
 from headway.inference.kv_cache import step_mask
 from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone
@@ -118,16 +118,18 @@ class DFlashProposer(Proposer):
         return run_alone(self.propose_steps(ctx))
 
     def propose_steps(self, ctx: DraftContext) -> Generator[DraftRequest, object, Draft]:
-        """The catch-up, then the block (a ``BlockPass``: a batch's rows run theirs as one pass), then the tree over
-        its rows: EAGLE-2's dynamic tree (``_dynamic``) or a static one, whose depth-d level reads slot d's row."""
+        """The catch-up, then the block (a ``BlockPass``: a batch's rows run theirs as one pass) and its projection
+        (``Project``, one product for a batch's rows), then the tree over its rows: EAGLE-2's dynamic tree
+        (``_dynamic``) or a static one, whose depth-d level reads slot d's row."""
         tree = ctx.tree if ctx.tree is not None else self.default_tree()
         dynamic = isinstance(tree, DynamicTree)
         tree = tree if dynamic else tree.truncate(ctx.max_depth)
         depth = min(tree.depth, ctx.max_depth)
         if not self._catch_up(ctx) or depth < 1:
             return root_only(ctx)
-        logits = self._logits((yield BlockPass(self, ctx.tokens[-1:], ctx.tokens.shape[0] - 1)), depth)  # [depth, V']
         head = self.head
+        h = yield BlockPass(self, ctx.tokens[-1:], ctx.tokens.shape[0] - 1)  # [B, H]
+        logits = (yield Project(head, h[1:depth + 1])).float()  # [depth, V']: a batch's rows' in one product
         if dynamic:
             return self._dynamic(ctx, tree, logits)
 
