@@ -2,7 +2,7 @@
 
     python scripts/batch_bench.py                                # prompt lookup, batch 1, 2, 4, 8
     python scripts/batch_bench.py --batches 1,4 --prompts 8 --max-new-tokens 64 [--heads DIR] [--eagle DIR] \
-        [--layerskip DIR]
+        [--layerskip DIR] [--drafter DIR ...]
 
 (--eagle adds EAGLE alone and EAGLE with suffix decoding merged, the hybrid ``headway generate`` runs.)
 
@@ -94,6 +94,8 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--heads", default=None, help="Medusa heads folder (adds a medusa row)")
     p.add_argument("--eagle", default=None, help="EAGLE drafter folder (adds an eagle row)")
     p.add_argument("--layerskip", default=None, help="LayerSkip exit head folder (adds a layerskip row)")
+    p.add_argument("--drafter", action="append", default=[], metavar="DIR",
+                   help="any saved drafter folder (P-EAGLE, DFlash, ...): adds a row named by its kind; repeatable")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-pack-linears", dest="pack_linears", action="store_false")
     p.add_argument("--out", default=str(Path("outputs", "batch_bench")))
@@ -122,6 +124,7 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     if not prompts:
         p.error("no prompt of those groups fits the target's context")
     from headway.heads import load_drafter
+    from headway.heads.registry import saved_kind
 
     methods = {"lookup": SpeculativeGenerator(target, PromptLookup(), tree=args.tree)}
     if args.heads:
@@ -133,6 +136,11 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
             target, [load_drafter(args.eagle), *retrieval_parts()], tree=args.tree)
     if args.layerskip:
         methods["layerskip"] = SpeculativeGenerator(target, load_drafter(args.layerskip), tree=args.tree)
+    for folder in args.drafter:
+        kind = saved_kind(folder)
+        name = kind.name if kind is not None else Path(folder).name
+        name = name if name not in methods else f"{name} ({folder})"
+        methods[name] = SpeculativeGenerator(target, load_drafter(folder), tree=args.tree)
     for gen in methods.values():
         gen.prepare()  # tree="auto": the cost curve is measured (once, cached) before any timing
     names = ["plain", *methods]
