@@ -70,23 +70,31 @@ def test_a_draft_models_chains_share_one_cache_laid_out_as_the_targets(family, w
     With the target's own weights as the draft every drafted token is the target's greedy one, so every round of
     every row accepts at least its whole chain (but where the budget or the EOS cuts it): the batched draft sees
     exactly each row's own context. Each step is one draft forward over the rows."""
+    monkeypatch.setattr(batch_mod, "REPACK_WASTE", waste)
+    drafter = DraftModelProposer(copy.deepcopy(family.target), gamma=3)
+    out, steps = batch_with_shared_draft(family, [drafter, PromptLookup()] if hybrid else drafter, None, "step",
+                                         monkeypatch)
+    for r, st in enumerate(out.rows):
+        assert all(n >= 4 for n in st.accepted_per_step[:-1]), (r, st.accepted_per_step)
+    assert steps and max(steps) > 1  # the rows' chain steps ran together
+
+
+def batch_with_shared_draft(family, drafter, tree, method: str, monkeypatch):
+    """``family``'s first prompts as one batch through ``drafter`` (a draft model sharing one batch draft cache,
+    ``ChainRows``), counting the rows of each ``ChainRows.<method>`` call; every row equals its own generate.
+    Returns (the output, the calls' row counts)."""
     from headway.inference.draft_model import ChainRows
 
-    monkeypatch.setattr(batch_mod, "REPACK_WASTE", waste)
-    steps = []
-    real = ChainRows.step
-    monkeypatch.setattr(ChainRows, "step", lambda self, tokens: steps.append(len(tokens)) or real(self, tokens))
+    calls = []
+    real = getattr(ChainRows, method)
+    monkeypatch.setattr(ChainRows, method, lambda self, parts: calls.append(len(parts)) or real(self, parts))
     target = family.target
     pad = target.generation_config.pad_token_id
     prompts = family.prompts[:BATCH]
     ids, mask = left_pad(prompts, pad)
-    drafter = DraftModelProposer(copy.deepcopy(target), gamma=3)
-    gen = SpeculativeGenerator(target, [drafter, PromptLookup()] if hybrid else drafter, tree=None)
-    out = gen.generate(ids, attention_mask=mask, max_new_tokens=20)
+    out = SpeculativeGenerator(target, drafter, tree=tree).generate(ids, attention_mask=mask, max_new_tokens=20)
     assert_rows_equal_generate(target, out, prompts, ids, 20, pad)
-    for r, st in enumerate(out.rows):
-        assert all(n >= 4 for n in st.accepted_per_step[:-1]), (r, st.accepted_per_step)
-    assert steps and max(steps) > 1  # the rows' chain steps ran together
+    return out, calls
 
 
 def test_the_shared_draft_cache_gives_each_rows_own_logits():
@@ -176,18 +184,8 @@ def test_a_draft_models_trees_share_one_cache_level_by_level(family, tree, monke
     """A draft model's static or dynamic tree in a batch: each level of every drafting row is one forward over the
     shared cache (``ChainRows.feed``). With the target's weights as the draft, every round accepts a full path
     (but where the budget or the EOS cuts it), and every row equals its own generate."""
-    from headway.inference.draft_model import ChainRows
-
-    levels = []
-    real = ChainRows.feed
-    monkeypatch.setattr(ChainRows, "feed", lambda self, parts: levels.append(len(parts)) or real(self, parts))
-    target = family.target
-    pad = target.generation_config.pad_token_id
-    prompts = family.prompts[:BATCH]
-    ids, mask = left_pad(prompts, pad)
-    gen = SpeculativeGenerator(target, DraftModelProposer(copy.deepcopy(target)), tree=tree)
-    out = gen.generate(ids, attention_mask=mask, max_new_tokens=20)
-    assert_rows_equal_generate(target, out, prompts, ids, 20, pad)
+    out, levels = batch_with_shared_draft(family, DraftModelProposer(copy.deepcopy(family.target)), tree, "feed",
+                                          monkeypatch)
     for r, st in enumerate(out.rows):
         assert all(n >= 3 for n in st.accepted_per_step[:-1]), (r, st.accepted_per_step)
     assert levels and max(levels) > 1  # the rows' levels ran together
