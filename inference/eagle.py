@@ -259,11 +259,10 @@ def catch_up_rows(requests: list[CatchUp]) -> list[torch.Tensor]:
     b, width = len(rows), max(sizes)
     cache, valid = DraftCache.stacked([p._cache for p in rows], room=width)  # [B, S] valid slots
     s, device = valid.shape[1], valid.device
-    hidden, slot_ids = [head.input_hidden(r.features) for r in requests], {}  # [n_b, H] each
-    for row, r in enumerate(requests):
-        if r.slots:  # [s_b] the mask token, [s_b, H] its learnt input
-            slot_ids[row], slot_hidden = head.slot_inputs(r.slots, device)
-            hidden[row] = torch.cat([hidden[row], slot_hidden])
+    hidden = [head.input_hidden(r.features) for r in requests]  # [n_b, H] each
+    slots = max(r.slots or 0 for r in requests)
+    if slots:  # [s] the mask token, [s, H] its learnt input: every row's slots, once
+        slot_ids, slot_hidden = head.slot_inputs(slots, device)
     dtype = hidden[0].dtype
     mask = torch.full((b, 1, width, s + width), torch.finfo(dtype).min, dtype=dtype, device=device)
     mask[:, 0, :, :s].masked_fill_(valid[:, None], 0.0)
@@ -273,10 +272,10 @@ def catch_up_rows(requests: list[CatchUp]) -> list[torch.Tensor]:
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril_()
     for row, (r, p, n, m) in enumerate(zip(requests, rows, sizes, news)):
         tokens[row, :m] = r.tokens[p._seen + 1:p._seen + 1 + m]  # x[j+1] paired with f[j]
-        if r.slots:
-            tokens[row, m:n] = slot_ids[row]
+        stacked[row, :m] = hidden[row]
+        if n > m:
+            tokens[row, m:n], stacked[row, m:n] = slot_ids[:n - m], slot_hidden[:n - m]
         positions[row, :n] = torch.arange(p._seen, p._seen + n, device=device)
-        stacked[row, :n] = hidden[row]
         mask[row, 0, :n, s:s + n].masked_fill_(causal[:n, :n], 0.0)
         mask[row, 0, torch.arange(n, width), s + torch.arange(n, width)] = 0.0  # padding: itself only
     out = head(tokens, stacked, positions, attention_mask=mask, cache=cache)  # [B, W, H]
