@@ -228,8 +228,11 @@ def drafter_functions(drafter) -> list:
     ``few_rows_linear`` binds its own name)."""
     import headway.inference.dflash as dflash_runtime
     import headway.inference.eagle as eagle_runtime
+    import headway.inference.layerskip as layerskip_runtime
+    import headway.inference.medusa as medusa_runtime
 
-    out = [(m, "few_rows_linear") for m in (eagle_runtime, dflash_runtime)]  # (P-EAGLE projects through eagle's)
+    runtimes = (eagle_runtime, dflash_runtime, medusa_runtime, layerskip_runtime)
+    out = [(m, "few_rows_linear") for m in runtimes]  # (P-EAGLE projects through eagle's)
     out += [(d, "head_logits") for d in drafter_modules(drafter) if isinstance(d, MedusaHeads)]
     return out
 

@@ -107,12 +107,45 @@ def is_packed(model: nn.Module) -> bool:
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [R, in] @ weight [out, in].T -> [R, out] for a drafter's vocabulary projection.
 
-    On a CPU, 2-4 rows against a wide weight (a 576 x 8,192 draft vocabulary) ran at 3.8-5.3 ms as
-    ``F.linear`` and 2.5 ms as ``weight @ x.T`` over 4 rows (2-3 padded to 4), 1 row 1.9 ms either
-    way (BENCHMARKS.md, "Prepacked CPU GEMM"); other row counts and devices take ``F.linear``."""
-    rows = x.shape[0]
-    if x.device.type != "cpu" or x.dim() != 2 or not 1 < rows <= 4:
+    One row takes ``F.linear`` (bit for bit). Two or more rows of float32 CPU input against a weight that is a
+    parameter (a drafter's lm_head, or the target's it shares) take oneDNN's linear on a packed copy of the weight,
+    made at the first such call and kept on the parameter (remade when the weight changes in place or is
+    replaced): against a wide weight MKL's ``F.linear`` costs 1.3-2.7x its one-row time from 4 rows on, the packed
+    product ~1.2x up to 7 rows (``scripts/projection_bench.py``; BENCHMARKS.md, "Drafter projections on packed
+    weights"). The packed copy doubles that one weight's memory. Other inputs take ``F.linear``."""
+    if x.shape[0] < 2 or not _packable(x, weight):
         return F.linear(x, weight)
-    if rows < 4:
-        x = torch.cat([x, x[:1].expand(4 - rows, -1)])
-    return (weight @ x.T).T[:rows]
+    return _packed_linear(x, _packed_parameter(weight), None)
+
+
+def _packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (isinstance(weight, nn.Parameter) and x.dim() == 2 and x.device.type == "cpu" and weight.device.type == "cpu"
+            and x.dtype == weight.dtype == torch.float32 and not (torch.is_grad_enabled() and weight.requires_grad)
+            and not weight.is_inference() and torch.backends.mkldnn.is_available())  # (no version counter)
+
+
+class _Kept(_Packed):
+    """A parameter's packed copy with what it was packed from: the storage (held, so a replaced one is never freed
+    and its address reused by the next) and the key that identifies the data. Copied or pickled with the parameter
+    (``torch.save`` of a module keeps a parameter's attributes) it carries nothing and repacks at its next call."""
+
+    def __init__(self, weight: torch.Tensor | None = None, key: tuple | None = None):
+        super().__init__(weight)
+        self.key, self.storage = key, None if weight is None else weight.untyped_storage()
+
+    def __deepcopy__(self, memo):
+        return type(self)()
+
+    def __reduce__(self):
+        return type(self), ()
+
+
+def _packed_parameter(weight: nn.Parameter) -> torch.Tensor:
+    """The packed copy kept on ``weight``: remade when its data was changed in place (its version) or replaced
+    (``module.to``, ``param.data = ...`` keep the parameter object)."""
+    key = (weight.untyped_storage()._cdata, weight.storage_offset(), weight._version, tuple(weight.shape),
+           weight.stride())
+    kept = getattr(weight, "_headway_packed", None)
+    if kept is None or kept.key != key:
+        kept = weight._headway_packed = _Kept(weight, key)
+    return kept.tensor

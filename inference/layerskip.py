@@ -34,6 +34,7 @@ import torch
 from headway.heads.layerskip import LayerSkipHead
 from headway.heads.target.features import decoder_layers
 from headway.inference import vocab_reduce
+from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.kv_cache import step_mask
 from headway.inference.proposer import Draft, DraftContext, Proposer, RowStep, root_only, run_alone
 from headway.inference.tree import Tree, chain
@@ -166,7 +167,8 @@ class EarlyStep(RowStep):
         logits = {}
         if heads:
             states = out[torch.tensor([at[i] for i in heads], device=out.device)]
-            logits = dict(zip(heads, requests[0].proposer.head(states)))  # [R, V'] rows
+            head = requests[0].proposer.head
+            logits = dict(zip(heads, few_rows_linear(*head.projection(states.to(head.lm_head.weight.dtype)))))  # [R, V']
         return [(out[a:a + 1], logits.get(i)) for i, a in enumerate(at)]
 
 

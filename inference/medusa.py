@@ -16,6 +16,7 @@ import torch
 from headway.heads.target.features import num_layers
 from headway.heads.medusa import MedusaHeads
 from headway.inference import vocab_reduce
+from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
                                         run_alone)
 from headway.inference.tree import Tree, load_tree, node_path
@@ -85,7 +86,7 @@ class MedusaProposer(Proposer):
         if m < 1:
             return None
         hidden = ctx.features[-m - 1:-1].to(next(self.heads.parameters()).dtype)  # [m, H]: positions L-2-m .. L-3
-        return first_guesses(self.heads.head_logits(hidden, 0), self.heads.to_target_ids, ctx.tokens[-m:])
+        return first_guesses(head_rows(self.heads, hidden, 0), self.heads.to_target_ids, ctx.tokens[-m:])
 
 
 class HeadLogits(DraftRequest):
@@ -102,8 +103,15 @@ class HeadLogits(DraftRequest):
     def run_together(cls, requests: list["HeadLogits"], state: dict) -> list[torch.Tensor]:
         hidden = torch.stack([r.hidden for r in requests])  # [B, H]
         depth = max(r.depth for r in requests)
-        logits = torch.stack([requests[0].key.head_logits(hidden, d) for d in range(depth)], 1)  # [B, D, V']
+        logits = torch.stack([head_rows(requests[0].key, hidden, d) for d in range(depth)], 1)  # [B, D, V']
         return [row[:r.depth] for row, r in zip(logits, requests)]
+
+
+def head_rows(heads: MedusaHeads, hidden: torch.Tensor, k: int) -> torch.Tensor:
+    """Head k's logits for several rows, ``hidden`` [R, H] -> [R, V'] (``head_logits``, its product through
+    ``few_rows_linear``)."""
+    features = heads.head_features(hidden, k)  # [R, H]
+    return few_rows_linear(features, heads.projection_weight(k).to(features.dtype))
 
 
 def _flat_index(tree: Tree, k: int, device) -> torch.Tensor:

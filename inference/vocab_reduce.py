@@ -26,7 +26,7 @@ MIN_ELEMENTS = 32_768  # below this many logits in all, torch's own call is fast
 def _chunked(x: torch.Tensor, k: int = 1) -> bool:
     if x.dim() == 0 or x.device.type != "cpu" or x.numel() < MIN_ELEMENTS:
         return False
-    # a row read with a stride (a transposed product's: ``cpu_gemm.few_rows_linear``) defeats amax's vectorization:
+    # a row read with a stride (a transposed product's) defeats amax's vectorization:
     # measured 3x slower chunked than torch's call on it, and a copy to contiguous costs what the chunks save
     v = x.shape[-1]
     return x.stride(-1) == 1 and v % CHUNK == 0 and v // CHUNK >= k

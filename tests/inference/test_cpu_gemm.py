@@ -2,8 +2,11 @@
 untouched, repacked after an in-place weight change, removable, and greedy speculative output on a
 packed float32 target equals plain greedy on the unpacked one."""
 
+import io
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from headway.heads.target.tiny import build_tiny_target
@@ -106,12 +109,63 @@ def test_packed_target_greedy_equals_unpacked_generate(family, monkeypatch):
     assert multi > 10 and calls and min(calls) > 1  # the verification passes ran through the packed kernel
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 6])
-def test_few_rows_linear_is_the_same_product(rows):
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 16])
+def test_few_rows_linear_is_the_same_product(rows, monkeypatch):
+    """A parameter's product: one row is F.linear bit for bit; more run oneDNN's kernel on the packed copy kept on
+    the parameter (the same product, summed in another order); a plain tensor takes F.linear."""
     torch.manual_seed(rows)
-    x, w = torch.randn(rows, 24), torch.randn(300, 24)
-    out = few_rows_linear(x, w)
-    assert out.shape == (rows, 300) and torch.allclose(out, torch.nn.functional.linear(x, w), atol=1e-5)
+    lin = nn.Linear(24, 300, bias=False)
+    x, w = torch.randn(rows, 24), lin.weight
+    calls = []
+    packed_linear = cpu_gemm._packed_linear
+    monkeypatch.setattr(cpu_gemm, "_packed_linear", lambda *a: calls.append(a[0].shape[0]) or packed_linear(*a))
+    with torch.no_grad():
+        out = few_rows_linear(x, w)
+        assert out.shape == (rows, 300) and torch.allclose(out, F.linear(x, w), atol=1e-5)
+        assert torch.equal(out, F.linear(x, w)) if rows == 1 else calls == [rows]
+        assert torch.equal(few_rows_linear(x, w.detach().clone()), F.linear(x, w)) and len(calls) == (rows > 1)
+
+
+def test_few_rows_linear_repacks_a_changed_weight(monkeypatch):
+    """The packed copy is made once per weight and remade when the weight changes in place (a load, an optimizer
+    step) or its data is replaced (``param.data = ...``, a cast and back): never a stale product."""
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 40, bias=False)
+    x = torch.randn(3, 16)
+    made = []
+    kept = cpu_gemm._Kept
+    monkeypatch.setattr(cpu_gemm, "_Kept", lambda *a: made.append(1) or kept(*a))
+    with torch.no_grad():
+        for change in [None, None, lambda: lin.weight.mul_(-2.0), lambda: setattr(lin.weight, "data", torch.randn(40, 16)),
+                       lambda: lin.double().float(), lambda: lin.load_state_dict({"weight": torch.randn(40, 16)})]:
+            if change:
+                change()
+            assert torch.allclose(few_rows_linear(x, lin.weight), F.linear(x, lin.weight), atol=1e-5)
+    assert len(made) == 5  # not remade for the second call on the same weight
+    monkeypatch.undo()
+    buffer = io.BytesIO()  # a module saved whole (its parameters' attributes pickled too) after a packed call
+    torch.save(lin, buffer)
+    loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+    assert loaded.weight._headway_packed.tensor is None  # carries nothing over
+    with torch.no_grad():
+        assert torch.allclose(few_rows_linear(x, loaded.weight), F.linear(x, lin.weight), atol=1e-5)
+    assert loaded.weight._headway_packed.tensor is not None
+
+
+def test_few_rows_linear_takes_f_linear_off_its_path():
+    """Gradients through the weight, float64, or a weight made under inference mode (no version counter): F.linear."""
+    torch.manual_seed(1)
+    lin = nn.Linear(8, 20, bias=False)
+    x = torch.randn(4, 8)
+    out = few_rows_linear(x, lin.weight)
+    out.sum().backward()
+    assert out.requires_grad and lin.weight.grad is not None and not hasattr(lin.weight, "_headway_packed")
+    lin64 = nn.Linear(8, 20, bias=False).double()
+    with torch.no_grad():
+        assert torch.equal(few_rows_linear(x.double(), lin64.weight), F.linear(x.double(), lin64.weight))
+    with torch.inference_mode():
+        frozen = nn.Linear(8, 20, bias=False)
+        assert torch.equal(few_rows_linear(x, frozen.weight), F.linear(x, frozen.weight))
 
 
 def test_packed_target_verifies_two_and_three_rows_unpadded():
