@@ -104,30 +104,35 @@ def is_packed(model: nn.Module) -> bool:
     return any(type(m) is PackedLinear for m in model.modules())
 
 
+PACKED_ROWS = 4  # rows from which a projection takes the packed copy (``few_rows_linear``)
+
+
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [R, in] @ weight [out, in].T -> [R, out] for a drafter's vocabulary projection.
 
-    One row takes ``F.linear`` (bit for bit). Two or more rows of float32 CPU input against a weight that is a
-    parameter (a drafter's lm_head, or the target's it shares) take oneDNN's linear on a packed copy of the weight,
-    made at the first such call and kept on the parameter (remade when the weight changes in place or is
-    replaced): against a wide weight MKL's ``F.linear`` costs 1.3-2.7x its one-row time from 4 rows on, the packed
-    product ~1.2x up to 7 rows (``scripts/projection_bench.py``; BENCHMARKS.md, "Drafter projections on packed
-    weights"). The packed copy doubles that one weight's memory. Other inputs take ``F.linear``."""
-    if x.shape[0] < 2 or not _packable(x, weight):
-        return F.linear(x, weight)
-    return _packed_linear(x, _packed_parameter(weight), None)
+    From PACKED_ROWS rows on, float32 CPU input takes oneDNN's linear on a packed copy of the weight kept on the
+    weight tensor (a drafter's lm_head, or the target's rows a head keeps bound), made at the second such call
+    with that tensor (a copy made per call, a cast, is never packed) and remade when the weight changes in place
+    or is replaced: against a wide weight MKL's ``F.linear`` costs 1.5-2.9x its one-row time from 4 rows on, the
+    packed product 1.2-1.5x up to 7 rows, while at 2-3 rows ``F.linear`` costs 1.0-1.2x and the packed product a
+    little more (``scripts/projection_bench.py``; BENCHMARKS.md, "Drafter projections on packed weights"). The
+    packed copy doubles that one weight's memory. Fewer rows, and other inputs, take ``F.linear`` (one row: bit
+    for bit what the module computes)."""
+    packed = _packed_weight(weight) if x.shape[0] >= PACKED_ROWS and _packable(x, weight) else None
+    return F.linear(x, weight) if packed is None else _packed_linear(x, packed, None)
 
 
 def _packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (isinstance(weight, nn.Parameter) and x.dim() == 2 and x.device.type == "cpu" and weight.device.type == "cpu"
+    return (x.dim() == 2 and x.device.type == "cpu" and weight.device.type == "cpu"
             and x.dtype == weight.dtype == torch.float32 and not (torch.is_grad_enabled() and weight.requires_grad)
             and not weight.is_inference() and torch.backends.mkldnn.is_available())  # (no version counter)
 
 
 class _Kept(_Packed):
-    """A parameter's packed copy with what it was packed from: the storage (held, so a replaced one is never freed
-    and its address reused by the next) and the key that identifies the data. Copied or pickled with the parameter
-    (``torch.save`` of a module keeps a parameter's attributes) it carries nothing and repacks at its next call."""
+    """A weight's packed copy with what it was packed from: the storage (held, so a replaced one is never freed and
+    its address reused by the next) and the key that identifies the data; empty (no key) after the weight's first
+    call. Copied or pickled with a parameter (``torch.save`` of a module keeps a parameter's attributes) it
+    carries nothing and repacks at its next call."""
 
     def __init__(self, weight: torch.Tensor | None = None, key: tuple | None = None):
         super().__init__(weight)
@@ -140,12 +145,16 @@ class _Kept(_Packed):
         return type(self), ()
 
 
-def _packed_parameter(weight: nn.Parameter) -> torch.Tensor:
-    """The packed copy kept on ``weight``: remade when its data was changed in place (its version) or replaced
-    (``module.to``, ``param.data = ...`` keep the parameter object)."""
+def _packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """The packed copy kept on ``weight``, None at its first call (marked as seen); remade when its data was
+    changed in place (its version: a detached view of a parameter shares it) or replaced (``module.to``,
+    ``param.data = ...`` keep the parameter object)."""
+    kept = getattr(weight, "_headway_packed", None)
+    if kept is None:
+        weight._headway_packed = _Kept()
+        return None
     key = (weight.untyped_storage()._cdata, weight.storage_offset(), weight._version, tuple(weight.shape),
            weight.stride())
-    kept = getattr(weight, "_headway_packed", None)
-    if kept is None or kept.key != key:
+    if kept.key != key:
         kept = weight._headway_packed = _Kept(weight, key)
     return kept.tensor

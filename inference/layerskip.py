@@ -168,7 +168,8 @@ class EarlyStep(RowStep):
         if heads:
             states = out[torch.tensor([at[i] for i in heads], device=out.device)]
             head = requests[0].proposer.head
-            logits = dict(zip(heads, few_rows_linear(*head.projection(states.to(head.lm_head.weight.dtype)))))  # [R, V']
+            states = states.to(head.lm_head.weight.dtype)
+            logits = dict(zip(heads, few_rows_linear(*head.projection(states))))  # [R, V'] rows
         return [(out[a:a + 1], logits.get(i)) for i, a in enumerate(at)]
 
 

@@ -91,20 +91,30 @@ class MedusaProposer(Proposer):
 
 class HeadLogits(DraftRequest):
     """The first ``depth`` heads' logits [D, V'] after the final-norm state ``hidden`` [H]; a batch's rows'
-    through each head at once."""
+    through each head at once (``depth_logits``)."""
 
     def __init__(self, heads: MedusaHeads, hidden: torch.Tensor, depth: int):
         self.key, self.hidden, self.depth = heads, hidden, depth
 
     def run(self) -> torch.Tensor:
-        return torch.stack([self.key.head_logits(self.hidden, d) for d in range(self.depth)])
+        return depth_logits(self.key, self.hidden[None], self.depth)[0]
 
     @classmethod
     def run_together(cls, requests: list["HeadLogits"], state: dict) -> list[torch.Tensor]:
         hidden = torch.stack([r.hidden for r in requests])  # [B, H]
-        depth = max(r.depth for r in requests)
-        logits = torch.stack([head_rows(requests[0].key, hidden, d) for d in range(depth)], 1)  # [B, D, V']
+        logits = depth_logits(requests[0].key, hidden, max(r.depth for r in requests))  # [B, D, V']
         return [row[:r.depth] for row, r in zip(logits, requests)]
+
+
+def depth_logits(heads: MedusaHeads, hidden: torch.Tensor, depth: int) -> torch.Tensor:
+    """Heads 0 .. depth-1 after each row of ``hidden`` [B, H] -> [B, D, V']. Heads that share the target's lm_head
+    project all their rows in one product (``few_rows_linear``: B * D rows over the one weight, where D one-row
+    products each read the whole vocabulary weight); heads with their own lm_heads, each its B rows."""
+    if heads.lm_heads is not None:
+        return torch.stack([head_rows(heads, hidden, d) for d in range(depth)], 1)
+    features = torch.stack([heads.head_features(hidden, d) for d in range(depth)], 1)  # [B, D, H]
+    weight = heads.projection_weight(0).to(features.dtype)
+    return few_rows_linear(features.flatten(0, 1), weight).unflatten(0, features.shape[:2])  # [B, D, V']
 
 
 def head_rows(heads: MedusaHeads, hidden: torch.Tensor, k: int) -> torch.Tensor:

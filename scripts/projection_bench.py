@@ -83,7 +83,8 @@ def main(argv=None) -> dict:
                         took[name].append(seconds(lambda: fn(x, weight), max(1, args.reps // 3), evict))
                 ms = {k: 1e3 * sorted(v)[1] for k, v in took.items()}
                 one = ms["one_row"] / 1e3
-                out.append(dict(vocab=vocab, hidden=hidden, rows=r, max_abs_diff=diff, **{f"{k}_ms": v for k, v in ms.items()}))
+                out.append(dict(vocab=vocab, hidden=hidden, rows=r, max_abs_diff=diff,
+                                **{f"{k}_ms": v for k, v in ms.items()}))
                 print(f"{vocab:>5}x{hidden:<4} {r:>4} {ms['linear']:>11.3f} {ms['transposed']:>13.3f} "
                       f"{ms['few_rows_linear']:>11.3f}   ({ms['linear'] / 1e3 / one:.2f} / "
                       f"{ms['transposed'] / 1e3 / one:.2f} / {ms['few_rows_linear'] / 1e3 / one:.2f})")

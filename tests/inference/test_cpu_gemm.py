@@ -111,19 +111,27 @@ def test_packed_target_greedy_equals_unpacked_generate(family, monkeypatch):
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 16])
 def test_few_rows_linear_is_the_same_product(rows, monkeypatch):
-    """A parameter's product: one row is F.linear bit for bit; more run oneDNN's kernel on the packed copy kept on
-    the parameter (the same product, summed in another order); a plain tensor takes F.linear."""
+    """Under PACKED_ROWS rows F.linear bit for bit; from there, after the weight's first call, oneDNN's kernel on
+    the packed copy kept on the weight (the same product, summed in another order), for a parameter or a detached
+    view kept of one (a head's bound target rows); a copy made per call is never packed."""
     torch.manual_seed(rows)
     lin = nn.Linear(24, 300, bias=False)
-    x, w = torch.randn(rows, 24), lin.weight
+    x, bound = torch.randn(rows, 24), lin.weight.detach()
     calls = []
     packed_linear = cpu_gemm._packed_linear
     monkeypatch.setattr(cpu_gemm, "_packed_linear", lambda *a: calls.append(a[0].shape[0]) or packed_linear(*a))
+    packed = rows >= cpu_gemm.PACKED_ROWS
     with torch.no_grad():
-        out = few_rows_linear(x, w)
-        assert out.shape == (rows, 300) and torch.allclose(out, F.linear(x, w), atol=1e-5)
-        assert torch.equal(out, F.linear(x, w)) if rows == 1 else calls == [rows]
-        assert torch.equal(few_rows_linear(x, w.detach().clone()), F.linear(x, w)) and len(calls) == (rows > 1)
+        for w in (lin.weight, bound):
+            first = few_rows_linear(x, w)
+            assert torch.equal(first, F.linear(x, lin.weight)) and not calls  # the first call: F.linear
+            out = few_rows_linear(x, w)
+            assert out.shape == (rows, 300) and torch.allclose(out, F.linear(x, lin.weight), atol=1e-5)
+            assert calls == [rows] if packed else torch.equal(out, first) and not calls
+            calls.clear()
+        for _ in range(3):
+            assert torch.equal(few_rows_linear(x, lin.weight.detach().clone()), F.linear(x, lin.weight))
+        assert not calls
 
 
 def test_few_rows_linear_repacks_a_changed_weight(monkeypatch):
@@ -131,27 +139,18 @@ def test_few_rows_linear_repacks_a_changed_weight(monkeypatch):
     step) or its data is replaced (``param.data = ...``, a cast and back): never a stale product."""
     torch.manual_seed(0)
     lin = nn.Linear(16, 40, bias=False)
-    x = torch.randn(3, 16)
+    x = torch.randn(cpu_gemm.PACKED_ROWS, 16)
     made = []
     kept = cpu_gemm._Kept
-    monkeypatch.setattr(cpu_gemm, "_Kept", lambda *a: made.append(1) or kept(*a))
+    monkeypatch.setattr(cpu_gemm, "_Kept", lambda *a: made.append(len(a)) or kept(*a))
     with torch.no_grad():
-        for change in [None, None, lambda: lin.weight.mul_(-2.0), lambda: setattr(lin.weight, "data", torch.randn(40, 16)),
-                       lambda: lin.double().float(), lambda: lin.load_state_dict({"weight": torch.randn(40, 16)})]:
+        for change in [None, None, None, lambda: lin.weight.mul_(-2.0),
+                       lambda: setattr(lin.weight, "data", torch.randn(40, 16)), lambda: lin.double().float(),
+                       lambda: lin.load_state_dict({"weight": torch.randn(40, 16)})]:
             if change:
                 change()
             assert torch.allclose(few_rows_linear(x, lin.weight), F.linear(x, lin.weight), atol=1e-5)
-    assert len(made) == 5  # not remade for the second call on the same weight
-    monkeypatch.undo()
-    buffer = io.BytesIO()  # a module saved whole (its parameters' attributes pickled too) after a packed call
-    torch.save(lin, buffer)
-    loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
-    assert loaded.weight._headway_packed.tensor is None  # carries nothing over
-    with torch.no_grad():
-        assert torch.allclose(few_rows_linear(x, loaded.weight), F.linear(x, lin.weight), atol=1e-5)
-    assert loaded.weight._headway_packed.tensor is not None
-
-
+    assert made == [0] + [2] * 5  # marked at the first call, packed at the second, not again at the third
 def test_few_rows_linear_takes_f_linear_off_its_path():
     """Gradients through the weight, float64, or a weight made under inference mode (no version counter): F.linear."""
     torch.manual_seed(1)

@@ -129,3 +129,27 @@ def test_rows_drafted_together_equal_each_row_drafted_alone(tiny_llama):
     for a, b in zip(alone, together):
         assert a.tree.parents == b.tree.parents and torch.equal(a.tokens, b.tokens)
         torch.testing.assert_close(b.scores, a.scores)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_depth_logits_are_each_heads_own_in_one_product_when_shared(tiny_llama, share, monkeypatch):
+    """``depth_logits``: heads 0 .. D-1 after each of B rows, each row's as ``head_logits`` gives it; heads that share
+    the target's lm_head project all B * D rows in one product, heads with their own lm_heads each their B rows."""
+    import headway.inference.medusa as medusa_runtime
+
+    target, _ = tiny_llama
+    heads = MedusaHeads.from_target(target, MedusaConfig(num_heads=3, share_lm_head=share))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block[0].linear.weight.normal_(0, 0.3)
+    heads.bind_target(target)
+    calls = []
+    real = medusa_runtime.few_rows_linear
+    monkeypatch.setattr(medusa_runtime, "few_rows_linear", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    hidden = torch.randn(2, target.config.hidden_size)
+    with torch.no_grad():
+        out = medusa_runtime.depth_logits(heads, hidden, 3)  # [B, D, V']
+        ref = torch.stack([heads.head_logits(hidden, d) for d in range(3)], 1)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert calls == ([6] if share else [2, 2, 2])

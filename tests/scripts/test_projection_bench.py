@@ -9,8 +9,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_projection_bench_runs_as_typed_and_reports_each_shape():
     """`python scripts/projection_bench.py ...`: a row per (weight, rows), every kernel timed, few_rows_linear's
     product checked against F.linear's; a bad shape is a one-line usage error."""
-    cmd = [sys.executable, str(ROOT / "scripts" / "projection_bench.py"), "--shapes", "2048x64,1024x32", "--rows", "1,4",
-           "--reps", "6", "--no-evict"]
+    cmd = [sys.executable, str(ROOT / "scripts" / "projection_bench.py"), "--shapes", "2048x64,1024x32",
+           "--rows", "1,4", "--reps", "6", "--no-evict"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads(res.stdout.splitlines()[-1])
