@@ -39,8 +39,8 @@ skip the drafter (plain steps, its features kept for it), then try it again, wai
 each time it still does not pay (at most ``MAX_BACKOFF`` rounds; a new request tries it at once,
 its next wait at most ``REQUEST_WAIT``, or tests it once it has made ``PROBE_AFTER`` tokens when it
 can be probed and lost lately). A drafter that can
-be tested without a target pass (``Proposer.probe``: EAGLE's and Medusa's first guesses after the
-last ``PROBE_ROWS`` positions, scored against the tokens that followed) is probed before it is tried
+be tested without a target pass (``Proposer.probe``: EAGLE's, P-EAGLE's, Medusa's and DFlash's first
+guesses after the last ``PROBE_ROWS`` positions, scored against the tokens that followed) is probed before it is tried
 again (greedy decoding): the guesses count as tried depth-1 nodes of their calibration cells, and the
 round drafts only when a chain at their calibrated chance would pay for the drafting seen lately
 (else it sits out longer). A probe costs about one draft level; a try costs the drafting and a wider

@@ -31,13 +31,15 @@ from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.eagle import Project, bind_head
 from headway.inference.expand import DynamicTree, expand_dynamic_tensors, expand_static
 from headway.inference.kv_cache import step_mask
-from headway.inference.proposer import Draft, DraftContext, DraftRequest, Proposer, root_only, run_alone
+from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
+                                       run_alone)
 from headway.inference.tree import Tree
 
 
 class DFlashProposer(Proposer):
-    """Wraps a ``DFlashHead``; default tree: EAGLE-2's dynamic tree over the block (``default_tree``). It has no
-    ``probe`` (its catch-up feeds contexts and scores nothing): under ``tree="auto"`` a round is tried instead."""
+    """Wraps a ``DFlashHead``; default tree: EAGLE-2's dynamic tree over the block (``default_tree``). Under
+    ``tree="auto"`` a drafter that lost is tested by ``probe`` (a block at each of the last few tokens, one pass)
+    before a round is tried again."""
 
     def __init__(self, head: DFlashHead):
         self.head = head.eval()
@@ -81,18 +83,50 @@ class DFlashProposer(Proposer):
 
     def _catch_up(self, ctx: DraftContext) -> bool:
         """Feed the positions whose features are new into every layer's context; whether there is any context."""
-        head, length = self.head, ctx.tokens.shape[0]
-        new = 0 if ctx.features is None else ctx.features.shape[0]
-        if self._seen + new != length - 1:
+        return self._take_in(ctx.features, ctx.tokens.shape[0] - 1)
+
+    def _take_in(self, features: torch.Tensor | None, end: int) -> bool:
+        """Feed positions seen .. end-1 (their features [n, F]) into every layer's context; whether there is any."""
+        head = self.head
+        new = 0 if features is None else features.shape[0]
+        if self._seen + new != end:
             raise RuntimeError(f"DFlash drafter saw features of {self._seen} positions and got {new} more, "
-                               f"but the context has {length - 1} before the root")
+                               f"but the context has {end} before the root")
         if new:
-            positions = torch.arange(self._seen, length - 1, device=self._device)[None]  # [1, n]
-            for cache, (k, v) in zip(self._caches, head.context_kv(head.context(ctx.features[None]), positions)):
+            positions = torch.arange(self._seen, end, device=self._device)[None]  # [1, n]
+            for cache, (k, v) in zip(self._caches, head.context_kv(head.context(features[None]), positions)):
                 cache.crop(self._seen)
                 cache.append(k, v)
-            self._seen = length - 1
+            self._seen = end
         return self._seen > 0
+
+    @torch.no_grad()
+    def probe(self, ctx: DraftContext, rows: int) -> Probe | None:
+        """``Proposer.probe``: take in all but the root's feature (context positions .. L-3), then run a whole block
+        rooted at each of the last m verified tokens x[j] (j = L-1-m .. L-2, seeing the context before j only), all
+        m blocks in one pass; each block's slot 1 is its first guess, for x[j+1]. What a round at j would draft
+        first, at m blocks' cost in one pass (no target pass, no tree)."""
+        length = ctx.tokens.shape[0]
+        n = 0 if ctx.features is None else ctx.features.shape[0] - 1
+        if n < 1 or rows < 1 or self._seen + n + 1 != length - 1:
+            return None
+        self._take_in(ctx.features[:-1], length - 2)
+        m = min(rows, length - 2)  # anchors from 1: a block needs some context
+        head, block, seen, device = self.head, self.block, self._seen, self._device
+        anchors = torch.arange(length - 1 - m, length - 1, device=device)  # [m]
+        ids = torch.full((m, block), head.config.mask_token_id, dtype=torch.long, device=device)
+        ids[:, 0] = ctx.tokens[length - 1 - m:length - 1]
+        positions = anchors[:, None] + torch.arange(block, device=device)  # [m, B]
+        owner = torch.arange(m, device=device).repeat_interleave(block)  # [m*B]: each token's block
+        sees = torch.cat([torch.arange(seen, device=device)[None] < anchors[owner][:, None],  # [m*B, S]: before j
+                          owner[:, None] == owner[None]], 1)  # [m*B, S + m*B]: and its own block, whole
+        dtype = next(head.parameters()).dtype
+        mask = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill_(~sees, torch.finfo(dtype).min)
+        h = head(ids.view(1, -1), positions.view(1, -1), self._caches, attention_mask=mask[None, None])[0]  # [m*B, H]
+        for cache in self._caches:
+            cache.crop(seen)
+        logits = few_rows_linear(*head.projection(h[1::block]))  # [m, V']: each block's slot 1
+        return first_guesses(logits, head.to_target_ids, ctx.tokens[length - m:])
 
     def block_logits(self, ctx: DraftContext, depth: int) -> torch.Tensor:
         """One block at positions L-1 .. L+B-2 -> logits [depth, V'] of slots 1 .. depth (slot k: depth k)."""

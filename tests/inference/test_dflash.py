@@ -152,3 +152,80 @@ def test_a_block_larger_than_trained_is_refused(family, heads):
         SpeculativeGenerator(family.target, head, tree=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
     with pytest.raises(ValueError, match="the dynamic tree has depth 4: pass depth <= 3"):
         SpeculativeGenerator(family.target, head, tree={"depth": 4, "top_k": 2, "total_tokens": 5})
+
+
+def _probe_case(family, heads):
+    """(a bound DFlash proposer, tokens [L] the target made, the target's features [L, F] at its layers)."""
+    from headway.heads.target.features import capture_features
+    from headway.inference.dflash import DFlashProposer
+
+    head = dflash_for(family, heads)
+    proposer = DFlashProposer(head)
+    proposer.bind(family.target)
+    tokens = family.references[2][0]  # [L]
+    with torch.no_grad():
+        feats = capture_features(family.target, tokens[None], proposer.feature_layers)[0]  # [L, F]
+    return proposer, tokens, feats
+
+
+def test_a_probe_is_each_blocks_first_guess_seeing_the_context_before_it(family, heads):
+    """DFlashProposer.probe: for each of the last m verified tokens x[j], slot 1 of a whole block rooted there over
+    the context before j only (its own pass, no cache here), its probability and whether it is x[j+1]; the caches
+    keep the context (positions .. L-3) and nothing of the probe's blocks."""
+    from headway.inference.proposer import DraftContext
+
+    proposer, tokens, feats = _probe_case(family, heads)
+    head, length, m = proposer.head, tokens.shape[0], 5
+    found = proposer.probe(DraftContext(tokens, feats[:length - 1], None, 8, None, None), m)
+    rows = []
+    with torch.no_grad():
+        for j in range(length - 1 - m, length - 1):
+            ids = torch.full((1, head.config.block_size), head.config.mask_token_id)
+            ids[0, 0] = tokens[j]
+            context = head.context(feats[None, :j])  # [1, j, H]
+            kv = head.context_kv(context, torch.arange(j)[None])
+            h = head(ids, torch.arange(j, j + head.config.block_size)[None], kv)[0]  # [B, H]
+            rows.append(head.logits(h[1]))
+    conf, top = torch.stack(rows).float().softmax(-1).max(-1)
+    assert found.hits == (head.to_target_ids(top) == tokens[length - m:]).tolist()
+    torch.testing.assert_close(torch.tensor(found.confidence, dtype=conf.dtype), conf, rtol=1e-5, atol=1e-6)
+    assert proposer._seen == length - 2 and all(len(c) == length - 2 for c in proposer._caches)
+
+
+def test_after_a_probe_the_dflash_drafter_drafts_what_it_would_have_drafted(family, heads):
+    """The next round, handed the root's feature again, drafts the tree a drafter that never probed drafts."""
+    from headway.inference.proposer import DraftContext
+
+    probed, tokens, feats = _probe_case(family, heads)
+    plain = probed.fork()
+    length = tokens.shape[0]
+    assert probed.probe(DraftContext(tokens, feats[:length - 1], None, 8, None, None), 4) is not None
+    tree = probed.resolve_tree(DYNAMIC)
+    with torch.no_grad():
+        a = probed.propose(DraftContext(tokens, feats[length - 2:length - 1], tree, 8, None, None))
+        b = plain.propose(DraftContext(tokens, feats[:length - 1], tree, 8, None, None))
+    assert a.tree.parents == b.tree.parents and torch.equal(a.tokens, b.tokens)
+    torch.testing.assert_close(torch.tensor(a.score_list()), torch.tensor(b.score_list()))
+
+
+def test_auto_probes_a_dflash_drafter_that_lost_and_stays_the_targets(family, heads, monkeypatch):
+    """tree="auto" tests DFlash before trying it again (forced on every retry here, the verdicts alternating): the
+    probes run and every output is the target's own."""
+    from headway.inference.auto import AutoTree
+
+    verdicts = []
+
+    def probed(self, probe, prefix_len, real=AutoTree.probed, **kwargs):
+        real(self, probe, prefix_len, **kwargs)
+        verdicts.append(len(verdicts) % 2 == 0)
+        return verdicts[-1]
+
+    monkeypatch.setattr(AutoTree, "wants_probe", lambda self: True)
+    monkeypatch.setattr(AutoTree, "probed", probed)
+    gen = SpeculativeGenerator(family.target, dflash_for(family, heads), tree="auto")
+    probes = 0
+    for prompt, max_new, ref in list(zip(family.prompts, family.max_new, family.references))[:6]:
+        out = gen.generate(prompt, max_new_tokens=max_new)
+        assert torch.equal(out.sequences, ref)
+        probes += out.stats.probes
+    assert probes >= 5 and True in verdicts and False in verdicts, (probes, verdicts)
