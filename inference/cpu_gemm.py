@@ -18,6 +18,8 @@ double the memory of the linear weights; ``unpack_linears(model)`` drops them.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -129,14 +131,17 @@ def _packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 class _Kept(_Packed):
-    """A weight's packed copy with what it was packed from: the storage (held, so a replaced one is never freed and
-    its address reused by the next) and the key that identifies the data; empty (no key) after the weight's first
-    call. Copied or pickled with a parameter (``torch.save`` of a module keeps a parameter's attributes) it
-    carries nothing and repacks at its next call."""
+    """A weight's packed copy with what it was packed from: a weak reference to the storage (a replaced one is
+    told apart even when the next is allocated at its address, and is not kept alive) and the view and version
+    of the data; empty (no key) after the weight's first call. Copied or pickled with a parameter (``torch.save``
+    of a module keeps a parameter's attributes) it carries nothing and repacks at its next call."""
 
     def __init__(self, weight: torch.Tensor | None = None, key: tuple | None = None):
         super().__init__(weight)
-        self.key, self.storage = key, None if weight is None else weight.untyped_storage()
+        self.key, self.storage = key, None if weight is None else weakref.ref(weight.untyped_storage())
+
+    def holds(self, weight: torch.Tensor, key: tuple) -> bool:
+        return self.key == key and self.storage is not None and self.storage() is weight.untyped_storage()
 
     def __deepcopy__(self, memo):
         return type(self)()
@@ -153,8 +158,7 @@ def _packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
     if kept is None:
         weight._headway_packed = _Kept()
         return None
-    key = (weight.untyped_storage()._cdata, weight.storage_offset(), weight._version, tuple(weight.shape),
-           weight.stride())
-    if kept.key != key:
+    key = (weight.storage_offset(), weight._version, tuple(weight.shape), weight.stride())
+    if not kept.holds(weight, key):
         kept = weight._headway_packed = _Kept(weight, key)
     return kept.tensor

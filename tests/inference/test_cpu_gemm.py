@@ -2,7 +2,9 @@
 untouched, repacked after an in-place weight change, removable, and greedy speculative output on a
 packed float32 target equals plain greedy on the unpacked one."""
 
+import gc
 import io
+import weakref
 
 import pytest
 import torch
@@ -151,6 +153,11 @@ def test_few_rows_linear_repacks_a_changed_weight(monkeypatch):
                 change()
             assert torch.allclose(few_rows_linear(x, lin.weight), F.linear(x, lin.weight), atol=1e-5)
     assert made == [0] + [2] * 5  # marked at the first call, packed at the second, not again at the third
+    replaced = weakref.ref(lin.weight.untyped_storage())
+    with torch.no_grad():
+        lin.weight.data = torch.randn(40, 16)
+    gc.collect()
+    assert replaced() is None  # the packed copy does not keep a replaced weight's storage alive
 def test_few_rows_linear_takes_f_linear_off_its_path():
     """Gradients through the weight, float64, or a weight made under inference mode (no version counter): F.linear."""
     torch.manual_seed(1)
