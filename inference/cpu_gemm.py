@@ -126,7 +126,8 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def _packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (x.dim() == 2 and x.device.type == "cpu" and weight.device.type == "cpu"
-            and x.dtype == weight.dtype == torch.float32 and not (torch.is_grad_enabled() and weight.requires_grad)
+            and x.dtype == weight.dtype == torch.float32  # oneDNN's linear has no autograd kernel:
+            and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
             and not weight.is_inference() and torch.backends.mkldnn.is_available())  # (no version counter)
 
 

@@ -159,13 +159,19 @@ def test_few_rows_linear_repacks_a_changed_weight(monkeypatch):
     gc.collect()
     assert replaced() is None  # the packed copy does not keep a replaced weight's storage alive
 def test_few_rows_linear_takes_f_linear_off_its_path():
-    """Gradients through the weight, float64, or a weight made under inference mode (no version counter): F.linear."""
+    """Gradients through the weight or the input (oneDNN's linear has no autograd kernel), float64, or a weight made
+    under inference mode (no version counter): F.linear."""
     torch.manual_seed(1)
     lin = nn.Linear(8, 20, bias=False)
     x = torch.randn(4, 8)
     out = few_rows_linear(x, lin.weight)
     out.sum().backward()
     assert out.requires_grad and lin.weight.grad is not None and not hasattr(lin.weight, "_headway_packed")
+    bound, rows = lin.weight.detach(), x.clone().requires_grad_()  # a frozen bound weight, an input with gradients
+    for _ in range(3):
+        out = few_rows_linear(rows, bound)
+        assert out.grad_fn is not None and type(out.grad_fn).__name__ == "MmBackward0"
+    assert not hasattr(bound, "_headway_packed")
     lin64 = nn.Linear(8, 20, bias=False).double()
     with torch.no_grad():
         assert torch.equal(few_rows_linear(x.double(), lin64.weight), F.linear(x.double(), lin64.weight))
