@@ -40,7 +40,9 @@ def test_stops_exactly_and_reports_stats(target, self_draft):
 
 
 def test_sampling_seeded_by_generator(target):
-    gen = SpeculativeGenerator(target, PromptLookup(max_matches=2))
+    """A seed reproduces sampled output under a fixed tree (under tree="auto" the verified shapes follow measured
+    timings, README: a loaded machine may draw otherwise, as a .ci/run once did)."""
+    gen = SpeculativeGenerator(target, PromptLookup(max_matches=2), tree=None)
     ids = torch.tensor([[5, 6, 7, 5, 6]])
     run = lambda seed: gen.generate(ids, max_new_tokens=20, temperature=1.0, top_p=0.9,
                                     generator=torch.Generator().manual_seed(seed)).sequences
