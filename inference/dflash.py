@@ -30,7 +30,7 @@ from headway.heads.eagle_layer import DraftCache
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.eagle import Project, bind_head
 from headway.inference.expand import DynamicTree, expand_dynamic_tensors, expand_static
-from headway.inference.kv_cache import step_mask
+from headway.inference.kv_cache import hidden_where, step_mask
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
                                        run_alone)
 from headway.inference.tree import Tree
@@ -120,9 +120,8 @@ class DFlashProposer(Proposer):
         owner = torch.arange(m, device=device).repeat_interleave(block)  # [m*B]: each token's block
         sees = torch.cat([torch.arange(seen, device=device)[None] < anchors[owner][:, None],  # [m*B, S]: before j
                           owner[:, None] == owner[None]], 1)  # [m*B, S + m*B]: and its own block, whole
-        dtype = next(head.parameters()).dtype
-        mask = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill_(~sees, torch.finfo(dtype).min)
-        h = head(ids.view(1, -1), positions.view(1, -1), self._caches, attention_mask=mask[None, None])[0]  # [m*B, H]
+        mask = hidden_where(~sees, next(head.parameters()).dtype)[None, None]  # [1, 1, m*B, S + m*B]
+        h = head(ids.view(1, -1), positions.view(1, -1), self._caches, attention_mask=mask)[0]  # [m*B, H]
         for cache in self._caches:
             cache.crop(seen)
         logits = few_rows_linear(*head.projection(h[1::block]))  # [m, V']: each block's slot 1
