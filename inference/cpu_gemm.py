@@ -11,7 +11,7 @@ summed in another order, so logits move only by rounding (~1e-4), as between any
 (the same module, parameters and state dict, plus a packed copy of its weight) whose calls with
 more than one input row, made without autograd, use the packed copy. One-row calls (plain
 decoding) keep the original kernel, bit for bit, and so does anything that needs gradients or runs
-off float32 CPU (a module moved or cast later). A weight changed in place after packing is
+off float32 CPU (a module moved or cast later). A weight changed in place or replaced after packing is
 repacked at its next call, and a copy (``copy.deepcopy``) repacks its own. The packed copies
 double the memory of the linear weights; ``unpack_linears(model)`` drops them.
 """
@@ -40,18 +40,31 @@ def packing_available(model: nn.Module) -> str | None:
 
 
 class _Packed:
-    """A module's packed weight and the weight's version when packed. A copy (deepcopy, pickle) carries
-    no packed tensor (oneDNN's opaque layout has no storage to copy): it repacks at its first call."""
+    """A weight's packed copy and what identifies the data it was packed from: a weak reference to the storage (a
+    replaced one is told apart even when the next is allocated at its address, and is not kept alive), the view
+    and the version (an in-place change: a load, an optimizer step). ``_Packed()`` holds nothing and is never
+    current. A copy (deepcopy, pickle: ``torch.save`` of a module keeps a parameter's attributes too) carries no
+    packed tensor (oneDNN's opaque layout has no storage to copy): it repacks at its first call."""
 
     def __init__(self, weight: torch.Tensor | None = None):
         self.tensor = None if weight is None else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
-        self.version = -1 if weight is None else weight._version
+        self.key = None if weight is None else _data_key(weight)
+        self.storage = None if weight is None else weakref.ref(weight.untyped_storage())
+
+    def holds(self, weight: torch.Tensor) -> bool:
+        """Whether this is the packed copy of ``weight``'s data as it is now."""
+        return (self.storage is not None and self.storage() is weight.untyped_storage()
+                and self.key == _data_key(weight))
 
     def __deepcopy__(self, memo):
-        return _Packed()
+        return type(self)()
 
     def __reduce__(self):
-        return _Packed, ()
+        return type(self), ()
+
+
+def _data_key(weight: torch.Tensor) -> tuple:
+    return weight.storage_offset(), weight._version, tuple(weight.shape), weight.stride()
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -71,7 +84,7 @@ class PackedLinear(nn.Linear):
         if (rows <= 1 or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
                 or w.device.type != "cpu" or w.dtype != torch.float32 or x.dtype != w.dtype):
             return F.linear(x, w, self.bias)
-        if self._packed.version != w._version:  # changed in place (a load, an optimizer step), or a copy
+        if not self._packed.holds(w):  # changed in place (a load, an optimizer step), replaced, or a copy
             self._packed = _Packed(w)
         y = _packed_linear(x.reshape(rows, x.shape[-1]), self._packed.tensor, self.bias)
         return y.view(*x.shape[:-1], y.shape[-1])  # [..., out]
@@ -131,35 +144,14 @@ def _packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not weight.is_inference() and torch.backends.mkldnn.is_available())  # (no version counter)
 
 
-class _Kept(_Packed):
-    """A weight's packed copy with what it was packed from: a weak reference to the storage (a replaced one is
-    told apart even when the next is allocated at its address, and is not kept alive) and the view and version
-    of the data; empty (no key) after the weight's first call. Copied or pickled with a parameter (``torch.save``
-    of a module keeps a parameter's attributes) it carries nothing and repacks at its next call."""
-
-    def __init__(self, weight: torch.Tensor | None = None, key: tuple | None = None):
-        super().__init__(weight)
-        self.key, self.storage = key, None if weight is None else weakref.ref(weight.untyped_storage())
-
-    def holds(self, weight: torch.Tensor, key: tuple) -> bool:
-        return self.key == key and self.storage is not None and self.storage() is weight.untyped_storage()
-
-    def __deepcopy__(self, memo):
-        return type(self)()
-
-    def __reduce__(self):
-        return type(self), ()
-
-
 def _packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """The packed copy kept on ``weight``, None at its first call (marked as seen); remade when its data was
     changed in place (its version: a detached view of a parameter shares it) or replaced (``module.to``,
     ``param.data = ...`` keep the parameter object)."""
     kept = getattr(weight, "_headway_packed", None)
     if kept is None:
-        weight._headway_packed = _Kept()
+        weight._headway_packed = _Packed()
         return None
-    key = (weight.storage_offset(), weight._version, tuple(weight.shape), weight.stride())
-    if not kept.holds(weight, key):
-        kept = weight._headway_packed = _Kept(weight, key)
+    if not kept.holds(weight):
+        kept = weight._headway_packed = _Packed(weight)
     return kept.tensor

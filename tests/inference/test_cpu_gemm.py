@@ -43,6 +43,7 @@ def test_autograd_calls_keep_the_original_path_and_train():
 
 
 def test_in_place_weight_change_is_repacked():
+    """A PackedLinear whose weight changes in place, or whose data is replaced, repacks before its next call."""
     torch.manual_seed(0)
     lin = nn.Linear(16, 8)
     pack_linears(lin)
@@ -50,6 +51,8 @@ def test_in_place_weight_change_is_repacked():
     with torch.no_grad():
         lin(x)
         lin.weight.mul_(-2.0)  # an optimizer step or a load_state_dict copies in place
+        assert torch.allclose(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), atol=1e-6)
+        lin.weight.data = torch.randn(8, 16)  # replaced: a new storage at version 0, as the packed one was
         assert torch.allclose(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), atol=1e-6)
 
 
@@ -143,8 +146,8 @@ def test_few_rows_linear_repacks_a_changed_weight(monkeypatch):
     lin = nn.Linear(16, 40, bias=False)
     x = torch.randn(cpu_gemm.PACKED_ROWS, 16)
     made = []
-    kept = cpu_gemm._Kept
-    monkeypatch.setattr(cpu_gemm, "_Kept", lambda *a: made.append(len(a)) or kept(*a))
+    packed = cpu_gemm._Packed
+    monkeypatch.setattr(cpu_gemm, "_Packed", lambda *a: made.append(len(a)) or packed(*a))
     with torch.no_grad():
         for change in [None, None, None, lambda: lin.weight.mul_(-2.0),
                        lambda: setattr(lin.weight, "data", torch.randn(40, 16)), lambda: lin.double().float(),
@@ -152,7 +155,7 @@ def test_few_rows_linear_repacks_a_changed_weight(monkeypatch):
             if change:
                 change()
             assert torch.allclose(few_rows_linear(x, lin.weight), F.linear(x, lin.weight), atol=1e-5)
-    assert made == [0] + [2] * 5  # marked at the first call, packed at the second, not again at the third
+    assert made == [0] + [1] * 5  # marked at the first call, packed at the second, not again at the third
     replaced = weakref.ref(lin.weight.untyped_storage())
     with torch.no_grad():
         lin.weight.data = torch.randn(40, 16)
