@@ -6,7 +6,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from headway.inference.kv_cache import BufferLayer, check_compactable, compact_cache, crop_to, new_cache, step_mask
+from headway.inference.kv_cache import (BufferLayer, arena_of, check_compactable, compact_cache, compact_rows, crop_to,
+                                        new_cache, step_mask)
 from headway.inference.tree import load_tree, node_path
 from headway.inference.target_forward import tree_forward
 from tests.inference.spec_utils import causal_logits, prefilled
@@ -123,6 +124,83 @@ def test_compact_cache_keeps_exactly_the_kept_entries(tiny_llama, keep, buffers)
     for layer, (keys, values) in zip(cache.layers, before):
         assert layer.keys.shape[2] == len(rows)
         assert torch.equal(layer.keys, keys[:, :, rows]) and torch.equal(layer.values, values[:, :, rows])
+
+
+class _Counted(torch.overrides.TorchFunctionMode):
+    """Counts the tensor calls made under it by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_arena_holds_every_layer_and_compacts_them_at_once(tiny_llama):
+    """Every layer's keys and values are slices of one tensor, written in place through a growth past the capacity;
+    a compaction gathers all layers in one call (not two per layer) and keeps exactly the kept entries."""
+    model, _ = tiny_llama
+    cache = new_cache(model, capacity=8)
+    with torch.no_grad():
+        model(input_ids=torch.arange(4, 10)[None], cache=cache, use_cache=True)
+        data = arena_of(cache)
+        assert data is not None and data.shape[0] == 2 * len(cache.layers) and data.shape[3] == 8
+        model(input_ids=torch.arange(10, 14)[None], cache=cache, use_cache=True)  # 10 slots: the arena grows
+    data = arena_of(cache)
+    assert data is not None and data.shape[3] >= 10
+    for i, layer in enumerate(cache.layers):  # views of the one tensor: layer i's keys at 2i, values at 2i + 1
+        assert layer.keys.data_ptr() == data[2 * i].data_ptr() and layer.values.data_ptr() == data[2 * i + 1].data_ptr()
+    fresh = DynamicCache(config=model.config)
+    with torch.no_grad():  # the entries written before the growth survived it
+        model(input_ids=torch.arange(4, 10)[None], cache=fresh, use_cache=True)
+        model(input_ids=torch.arange(10, 14)[None], cache=fresh, use_cache=True)
+    for layer, want in zip(cache.layers, fresh.layers):
+        assert torch.equal(layer.keys, want.keys) and torch.equal(layer.values, want.values)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    with _Counted() as counted:
+        compact_cache(cache, 4, [0, 2, 5], 6)
+    assert counted.calls.get("index_select") == 1
+    rows = [0, 1, 2, 3, 4, 6, 9]
+    for layer, (keys, values) in zip(cache.layers, before):
+        assert torch.equal(layer.keys, keys[:, :, rows]) and torch.equal(layer.values, values[:, :, rows])
+
+
+def test_a_layer_given_another_batch_leaves_the_arena_and_compacts_alone(family_model):
+    """A row dropped from the batch (transformers' ``batch_select_indices``) gives each layer a buffer of its own:
+    compaction then goes layer by layer and still keeps exactly the kept entries."""
+    model = family_model
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=torch.arange(4, 14).reshape(2, 5).repeat(1, 2), cache=cache, use_cache=True)
+    assert arena_of(cache) is not None
+    cache.batch_select_indices(torch.tensor([1]))
+    assert arena_of(cache) is None
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    with _Counted() as counted:
+        compact_cache(cache, 4, [1, 3], 6)
+    assert counted.calls.get("index_select") == 2 * len(cache.layers)
+    for layer, (keys, values) in zip(cache.layers, before):
+        assert torch.equal(layer.keys, keys[:, :, [0, 1, 2, 3, 5, 7]])
+        assert torch.equal(layer.values, values[:, :, [0, 1, 2, 3, 5, 7]])
+
+
+def test_compact_rows_gathers_every_layer_at_once(tiny_llama):
+    """A batch's per-row paths, through the arena in one gather: each row's kept entries, in order."""
+    model, _ = tiny_llama
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=torch.arange(4, 24).reshape(2, 10), cache=cache, use_cache=True)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    with _Counted() as counted:
+        assert compact_rows(cache, 4, [[0, 2, 5], [1]], 6) == 3
+    assert counted.calls.get("gather") == 1
+    for layer, (keys, values) in zip(cache.layers, before):
+        for r, keep in enumerate([[0, 2, 5], [1, 0, 0]]):  # a shorter row repeats slot ``start`` (masked out)
+            rows = [0, 1, 2, 3] + [4 + k for k in keep]
+            assert torch.equal(layer.keys[r], keys[r][:, rows]) and torch.equal(layer.values[r], values[r][:, rows])
 
 
 def test_crop_to_drops_the_entries_after_the_context(tiny_llama):
