@@ -358,7 +358,7 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
         total.accepted_per_step += row.stats.accepted_per_step
         total.draft_depth_per_step += row.stats.draft_depth_per_step
         total.verify_width_per_step += row.stats.verify_width_per_step
-    pad = _pad_token(gen.target, setups[0])
+    pad = setups[0].pad_token_id if setups[0].pad_token_id is not None else 0  # rows never stop early without one
     longest = max(row.stats.new_tokens for row in rows)
     out = torch.full((b, t + longest), pad, dtype=torch.long, device=device)
     out[:, :t] = ids
@@ -420,15 +420,3 @@ def cut_round(new: list[int], budget: int, eos: set[int]) -> tuple[list[int], bo
     new = new[:budget]
     hit = next((i for i, tok in enumerate(new) if tok in eos), None)
     return (new, False) if hit is None else (new[:hit + 1], True)
-
-
-def _pad_token(target, setup: GenerationSetup) -> int:
-    """generate's padding for rows that stopped early: pad_token_id, else the (first) EOS id, else 0."""
-    pad = getattr(target.generation_config, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(target.config, "pad_token_id", None)
-    if pad is None and setup.eos_token_ids:
-        pad = min(setup.eos_token_ids)
-    if isinstance(pad, (list, tuple)):
-        pad = pad[0]
-    return int(pad) if pad is not None else 0

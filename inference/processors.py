@@ -46,10 +46,13 @@ SAMPLING_ONLY = {"min_p": (None, 0, 0.0), "typical_p": (None, 1, 1.0), "epsilon_
 
 @dataclasses.dataclass
 class GenerationSetup:
-    """What ``generate`` would use for one call: the processors (empty: nothing to apply) and the EOS ids."""
+    """What ``generate`` would use for one call: the processors (empty: nothing to apply), the EOS ids, and the
+    token a batch's rows that stopped early are padded with (``generate``'s: the merged ``pad_token_id``, else the
+    first EOS id; None: neither is set, so no row stops early)."""
 
     processors: LogitsProcessorList
     eos_token_ids: set[int]
+    pad_token_id: int | None = None
 
 
 def prepare_generation(model, prompt: torch.Tensor, max_new_tokens: int, sampling: bool,
@@ -92,7 +95,8 @@ def prepare_generation(model, prompt: torch.Tensor, max_new_tokens: int, samplin
                              "apply exactly per tree node; remove that setting from generation_config or the arguments")
     eos = config.eos_token_id
     eos = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
-    return GenerationSetup(processors, eos)
+    pad = config._pad_token_tensor  # generate's own choice: the merged pad_token_id, else the first EOS id
+    return GenerationSetup(processors, eos, None if pad is None else int(pad.reshape(-1)[0]))
 
 
 def node_contexts(prefix: torch.Tensor, tree: Tree, tokens: torch.Tensor, nodes: list[int]) -> torch.Tensor:

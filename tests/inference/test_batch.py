@@ -271,6 +271,45 @@ def test_the_cache_helpers_keep_what_each_row_needs(family_model):
         assert torch.allclose(step(cache, packed, [7, 8]), before, atol=1e-9)
 
 
+def _pad_case(setting: str):
+    """(kwargs for both generates, the target's generation config changed in place) for each way a pad id is
+    given or left out."""
+    from transformers import GenerationConfig
+
+    eos = 218
+    return {"keyword": dict(eos_token_id=eos, pad_token_id=7),
+            "generation_config": dict(generation_config=GenerationConfig(eos_token_id=eos, pad_token_id=7)),
+            "eos list, no pad": dict(eos_token_id=[eos, 3]),  # generate pads with the first EOS id, 218
+            "model config's pad only": dict(eos_token_id=eos)}[setting]
+
+
+@pytest.mark.parametrize("setting", ["keyword", "generation_config", "eos list, no pad", "model config's pad only"])
+def test_rows_that_stop_early_are_padded_as_generate_pads_them(setting):
+    """The fill after a row's EOS is ``generate``'s: the merged pad_token_id (a keyword, a GenerationConfig
+    argument), else the first EOS id (the model config's pad_token_id is not read). Row 0 emits 218 (its 3rd new
+    token), row 1 does not."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=256, tie_word_embeddings=False, attn_implementation="sdpa")
+    target = LlamaForCausalLM(cfg).eval().to(torch.float64)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(20)
+    target.generation_config.pad_token_id = None
+    if setting == "model config's pad only":
+        target.config.pad_token_id = 9
+    ids = torch.tensor([[0, 0, 0, 11, 12, 13], [21, 22, 23, 24, 25, 26]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    kwargs = _pad_case(setting)
+    with torch.no_grad():
+        want = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=8, **kwargs)
+    assert want[0, 8] == 218 and (want[0, 9:] != 218).any() == (setting in ("keyword", "generation_config"))
+    out = SpeculativeGenerator(target, PromptLookup(), tree=None).generate(ids, attention_mask=mask,
+                                                                             max_new_tokens=8, **kwargs)
+    assert torch.equal(out.sequences, want), (out.sequences.tolist(), want.tolist())
+
+
 def test_bad_batches_get_one_line_errors(family):
     target = family.target
     gen = SpeculativeGenerator(target, PromptLookup(), tree=None)
