@@ -209,7 +209,8 @@ class SpeculativeGenerator:
             from headway.inference.batch import check_batch
 
             check_settings(max_new_tokens, temperature, top_k, top_p)  # a bad setting first, as for one prompt
-            pad = getattr(self.target.generation_config, "pad_token_id", None)
+            pad = generation_kwargs.get("pad_token_id", getattr(generation_config or self.target.generation_config,
+                                                                "pad_token_id", None))  # as the call merges it
             ids, mask = check_batch(ids, attention_mask, pad if isinstance(pad, int) else None)
             if ids.shape[0] > 1:
                 return self._generate_batch(ids, mask, max_new_tokens, temperature, top_k, top_p, generator, streamer,

@@ -317,6 +317,9 @@ def test_bad_batches_get_one_line_errors(family):
     ids, mask = left_pad(family.prompts[:3], pad)
     with pytest.raises(ValueError, match="no attention_mask was given"):
         gen.generate(ids, max_new_tokens=4)
+    other = torch.where(ids == pad, 5, ids)  # padded with another id, named as the call's own pad_token_id
+    with pytest.raises(ValueError, match=r"pad token \(5\) but no attention_mask"):
+        gen.generate(other, max_new_tokens=4, pad_token_id=5)
     with pytest.raises(ValueError, match="right padding.*padding_side = 'left'"):
         gen.generate(ids, attention_mask=mask.flip(1), max_new_tokens=4)
     with pytest.raises(ValueError, match="a streamer takes one sequence"):
