@@ -9,7 +9,7 @@ drafter's for depth k. The block's entries are cropped off the caches afterwards
 The default tree is EAGLE-2's dynamic tree over the block's rows (depth B - 1, top-4, 7 nodes, as
 EAGLE's CPU default; ``tree={"depth": d, "top_k": k, "total_tokens": n}`` sets it): every depth-d
 node's children are the top-k of slot d + 1's row (the row that scores depth d + 1), the frontier the
-k best paths by cumulative log-probability, the n best nodes kept (``grow_dynamic_tensors``: tensor
+k best paths by cumulative log-probability, the n best nodes kept (``grow_shared_levels``: tensor
 ops, the kept tree's shape read with the verification; candidates deterministic, verified as one-hot
 drafts in greedy and sampled decoding alike), at no drafter cost beyond the block's one pass.
 ``tree="auto"`` cuts it per round (the eight task groups, 3 prompts x 2 repeats, BENCHMARKS.md: 1.09x
@@ -29,7 +29,7 @@ from headway.heads.dflash import DFlashHead
 from headway.heads.eagle_layer import DraftCache
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.eagle import Project, bind_head
-from headway.inference.expand import DynamicTree, expand_dynamic_tensors, expand_static
+from headway.inference.expand import DynamicTree, expand_static, grow_shared_levels
 from headway.inference.kv_cache import hidden_where, step_mask
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
                                        run_alone)
@@ -175,10 +175,7 @@ class DFlashProposer(Proposer):
     def _dynamic(self, ctx: DraftContext, tree: DynamicTree, logits: torch.Tensor) -> Draft:
         """An EAGLE-2 dynamic tree over the block's rows (logits [depth, V']): a level's every row is its depth's slot
         (the slots never read the drafted tokens, so a node's children do not depend on which node it is)."""
-        def feed(tokens, parent_rows, level, allowed):  # every frontier row at depth ``level``: that slot's logits,
-            return logits[level][None]  # [1, V'], scored once for all of them
-
-        return expand_dynamic_tensors(tree, logits.shape[0], ctx.root_token, logits[0], feed, self.head.to_target_ids)
+        return grow_shared_levels(tree, ctx.root_token, logits, self.head.to_target_ids)
 
 
 class BlockPass(DraftRequest):

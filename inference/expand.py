@@ -363,6 +363,42 @@ def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int,
         allowed = torch.cat([allowed[rows], torch.eye(best.shape[0], dtype=torch.bool, device=device)], 1)  # [R', F']
         frontier = base + best
         logits = yield tokens[frontier], rows if level else torch.full_like(rows, -1), level + 1, allowed
+    return _kept_tensors(settings, tokens, parents, depths, score, depth)
+
+
+def grow_shared_levels(settings: DynamicTree, root_token: int, logits: torch.Tensor,
+                       to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> Draft:
+    """``grow_dynamic_tensors`` for a drafter whose next-token distribution depends on a node's depth only (a
+    DFlash block's slot d: the slots never read the drafted tokens): logits [D, V'] (row d: after a depth-d node),
+    no feeds. The same Draft (the same node ids, so the same ties), with every level's log-softmax and top-k taken
+    at once and the node tensors concatenated once: about a third of the tensor calls."""
+    k, depth = settings.top_k, min(settings.depth, logits.shape[0])
+    device = logits.device
+    top = vocab_reduce.topk(logits.float().log_softmax(-1), min(k, logits.shape[-1]))  # [D, k']
+    values, ids = top.values, to_target(top.indices)  # [D, k'] the same candidates under every node of a depth
+    width = values.shape[1]
+    root = torch.full((1,), root_token, dtype=torch.long, device=device)
+    tokens, parents, depths, score = [root], [root.new_full((1,), -1)], [root.new_zeros(1)], [values.new_zeros(1)]
+    frontier, at, base = root.new_zeros(1), values.new_zeros(1), 1  # the rows' node ids, their scores [R]
+    for level in range(depth):
+        cum = (at[:, None] + values[level]).flatten()  # [R * k'], row-major as the generic growth numbers them
+        rows = frontier.shape[0]
+        tokens.append(ids[level].repeat(rows))
+        parents.append(frontier.repeat_interleave(width))
+        depths.append(frontier.new_full((cum.shape[0],), level + 1))
+        score.append(cum)
+        if level + 1 == depth:
+            break
+        best = torch.argsort(cum, descending=True, stable=True)[:k].sort().values  # ids ascending on ties, in id order
+        frontier, at, base = base + best, cum[best], base + cum.shape[0]
+    return _kept_tensors(settings, torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(score), depth)
+
+
+def _kept_tensors(settings: DynamicTree, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                  score: torch.Tensor, depth: int) -> Draft:
+    """The grown nodes (tokens, parents, depths, cumulative log-probabilities: [M], the root first) -> the Draft of
+    the ``total_tokens`` best, ordered and renumbered as ``kept_draft`` does, still on the device."""
+    k, total, device = settings.top_k, settings.total_tokens, tokens.device
     # the total best by (-score, depth, id): stable sorts, last key first
     ids = torch.arange(1, score.shape[0], device=device)
     ids = ids[torch.argsort(depths[ids], stable=True)]

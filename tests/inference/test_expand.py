@@ -7,6 +7,7 @@ import torch
 
 from headway.inference import DynamicTree
 from headway.inference.expand import (Expansion, expand_dynamic, expand_dynamic_tensors, expand_static, feed_block,
+                                     grow_shared_levels,
                                       feed_mask, sees_all)
 from headway.inference.tree import Tree
 from headway.inference.verify import SamplingParams
@@ -166,6 +167,29 @@ def test_dynamic_tree_settings():
         DynamicTree.from_spec({"width": 3})
     with pytest.raises(ValueError, match="bad dynamic tree settings"):
         DynamicTree.from_spec({"depth": "deep"})
+
+
+@pytest.mark.parametrize("depth,top_k,total", [(3, 4, 7), (5, 3, 7), (7, 4, 7), (6, 4, 15), (4, 2, 30), (2, 5, 3),
+                                               (4, 1, 4), (3, 4, 1)])
+@pytest.mark.parametrize("rows", [2, 3, 7])
+def test_shared_levels_grow_the_tensor_growths_tree(depth, top_k, total, rows):
+    """A drafter whose logits depend on a node's depth only (DFlash's slots): ``grow_shared_levels`` keeps the tree,
+    tokens and scores ``expand_dynamic_tensors`` keeps with a feed giving every node of depth d row d, also where
+    the logits hold fewer rows than the tree's depth (the depth is cut to them) and with exact ties among the
+    candidates (integer logits: ties broken by node id in both)."""
+    vocab = 24
+    settings = DynamicTree(depth=depth, top_k=top_k, total_tokens=total)
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        logits = torch.randn(rows, vocab, generator=g) * 2
+        if seed % 3 == 0:
+            logits = logits.round()  # many exact ties
+        to_target = (lambda x: x + 100) if seed % 2 else (lambda x: x)
+        want = expand_dynamic_tensors(settings, rows, 7, logits[0], lambda t, p, level, a: logits[level][None],
+                                      to_target)
+        got = grow_shared_levels(settings, 7, logits, to_target)
+        assert got.tree.parents == want.tree.parents and got.tokens.tolist() == want.tokens.tolist(), seed
+        assert torch.equal(got.scores, want.scores) and got.tree.name == want.tree.name and got.q is None
 
 
 @pytest.mark.parametrize("depth,top_k,total", [(3, 4, 7), (5, 3, 7), (6, 4, 15), (4, 2, 30), (2, 5, 3)])
