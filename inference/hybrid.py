@@ -32,7 +32,7 @@ import torch
 
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Proposer, can_probe, exact_float,
                                         run_alone)
-from headway.inference.tree import Tree
+from headway.inference.tree import Tree, shaped_tree
 
 
 class HybridProposer(Proposer):
@@ -194,7 +194,7 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | Non
             where[i] = child[key]
             if scored and theirs[i] > scores[where[i]]:
                 scores[where[i]], sources[where[i]] = theirs[i], named[i]
-    return Draft(Tree(parents, name="hybrid"), first.tokens.new_tensor(tokens), scores=scores, sources=sources)
+    return Draft(shaped_tree(parents, name="hybrid"), first.tokens.new_tensor(tokens), scores=scores, sources=sources)
 
 
 def stack_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int], shapes: dict | None = None) -> Draft:

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
-from headway.inference.tree import Tree
+from headway.inference.tree import shaped_tree
 
 
 class PromptLookup(Proposer):
@@ -71,7 +71,7 @@ class PromptLookup(Proposer):
         # a raw confidence for tree="auto" (which calibrates it against acceptance): the matched n-gram's
         # length over the longest searched, shared by the continuation's nodes, halved per lower rank
         weights = [n / self.max_ngram_size / (rank + 1) for rank, (_, n) in enumerate(found)]
-        return Draft(Tree(parents, name="prompt-lookup"), tokens,
+        return Draft(shaped_tree(parents, name="prompt-lookup"), tokens,
                      scores=trie_scores(conts, weights, parents, node_tokens))
 
 

@@ -27,7 +27,7 @@ import heapq
 import torch
 
 from headway.inference.proposer import Draft, DraftContext, Proposer, root_only
-from headway.inference.tree import Tree
+from headway.inference.tree import shaped_tree
 
 
 COUNT, NEXT = 0, 1  # a trie node is [count, {token: child node}]
@@ -193,4 +193,4 @@ class SuffixDecoding(Proposer):
             return root_only(ctx)
         parents, tokens, _, _, scores = max(found, key=lambda f: f[2])
         out = torch.tensor([ctx.root_token] + tokens, dtype=torch.long, device=ctx.tokens.device)
-        return Draft(Tree(parents, name="suffix"), out, scores=scores)
+        return Draft(shaped_tree(parents, name="suffix"), out, scores=scores)

@@ -364,6 +364,24 @@ def device_tree(parents: torch.Tensor, depths: torch.Tensor, max_depth: int, max
     return DeviceTree(parents, depths, ancestors, max_depth, max_children, name=name)
 
 
+_SHAPES: dict[tuple, Tree] = {}
+MAX_SHAPES = 4096  # retrieval's shapes vary with its matches: the cache is bounded (cleared when full)
+
+
+def shaped_tree(parents: Sequence[int], name: str | None = None) -> Tree:
+    """The ``Tree`` of ``parents`` (ranks by sibling order), one instance per shape and name: a drafter that builds
+    its tree each round (prompt lookup, suffix decoding, lookahead, a hybrid's merge) gets a shape it drafted before
+    with its masks and verification tensors already built (``Tree.cached``). Trees are never changed after they
+    are made, so sharing them is safe."""
+    key = (tuple(parents), name)
+    tree = _SHAPES.get(key)
+    if tree is None:
+        if len(_SHAPES) >= MAX_SHAPES:
+            _SHAPES.clear()
+        tree = _SHAPES[key] = Tree(parents, name=name)
+    return tree
+
+
 def chain(depth: int) -> Tree:
     """A chain of ``depth`` draft tokens (the classic speculative-decoding draft)."""
     if depth < 0:

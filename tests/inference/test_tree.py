@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from headway.inference.tree import (Tree, ancestor_mask, available_trees, chain, load_tree, node_depths,
+from headway.inference.tree import (Tree, ancestor_mask, shaped_tree, available_trees, chain, load_tree, node_depths,
                                     normalize_paths, parent_indices, retrieve_indices)
 
 PATHS = [[1], [0], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
@@ -104,3 +104,37 @@ def test_load_from_file_and_errors(tmp_path):
         load_tree(tmp_path / "missing.yaml")
     with pytest.raises(ValueError, match="unknown tree 'nope'.*chain-1"):
         load_tree("nope")
+
+
+def test_a_shape_drafted_again_is_the_same_tree(monkeypatch):
+    """``shaped_tree``: one instance per shape and name (its device tensors built once), the same structure as a
+    new ``Tree``; the cache is cleared when full, not grown without bound."""
+    import headway.inference.tree as tree_mod
+
+    a = shaped_tree([-1, 0, 1, 0], name="prompt-lookup")
+    assert shaped_tree((-1, 0, 1, 0), name="prompt-lookup") is a
+    assert shaped_tree([-1, 0, 1, 0], name="suffix") is not a and shaped_tree([-1, 0, 0, 1], "prompt-lookup") is not a
+    fresh = Tree([-1, 0, 1, 0], name="prompt-lookup")
+    assert (a.parents, a.depths, a.ranks, a.children) == (fresh.parents, fresh.depths, fresh.ranks, fresh.children)
+    assert a.greedy_tensors(torch.device("cpu"))[0] is a.greedy_tensors(torch.device("cpu"))[0]
+    monkeypatch.setattr(tree_mod, "_SHAPES", {})
+    monkeypatch.setattr(tree_mod, "MAX_SHAPES", 3)
+    for n in range(1, 8):
+        shaped_tree(list(range(-1, n)))
+        assert len(tree_mod._SHAPES) <= 3
+
+
+def test_prompt_lookup_reuses_its_tree_shapes():
+    """A repeated text drafts the same chain shape round after round: one Tree for all of them."""
+    from headway.inference import PromptLookup
+    from headway.inference.proposer import DraftContext
+
+    seen = set()
+    text = torch.tensor([5, 6, 7, 8, 9] * 6)
+    lookup = PromptLookup(max_matches=1)
+    for end in range(12, 30):
+        ctx = DraftContext(tokens=text[:end], features=None, tree=None, max_depth=3, sampling=None, generator=None)
+        draft = lookup.propose(ctx)
+        if draft.tree.size == 4:
+            seen.add(id(draft.tree))
+    assert len(seen) == 1
