@@ -19,6 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from headway.heads.registry import DrafterKind, head_class, kinds, register_kind
+from headway.heads.values import first_line
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -146,7 +147,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise ValueError(f"{path} is corrupt or truncated ({str(exc).splitlines()[0]}); re-export or re-download it") from None
+        raise ValueError(f"{path} is corrupt or truncated ({first_line(exc)}); re-export or re-download it") from None
 
 
 def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

@@ -118,9 +118,13 @@ class MedusaHeads(DraftVocabulary, Drafter):
             for proj in self.lm_heads:
                 proj.weight.copy_(self.draft_rows(weight).to(proj.weight.dtype))
 
+    def validate(self) -> None:
+        self.check_draft_vocab()
+
     def bind_target(self, target_model) -> "MedusaHeads":
         """Check shapes against the target and, when the heads share its lm_head, bind it (not saved)."""
         self.check_target(target_model)
+        self.check_draft_vocab()
         if self.lm_heads is None:
             lm_head = target_model.get_output_embeddings()
             if getattr(lm_head, "bias", None) is not None:

@@ -22,3 +22,10 @@ def parse_bool(value: Any, key: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
         return value.strip().lower() in TRUE
     raise ConfigError(f"{key}: expected true/false, got {value!r}")
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message for a one-line error: its first line (at most ``limit`` characters), or its type's
+    name where the message is empty (torch's EOFError on an empty file has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__

@@ -169,10 +169,12 @@ def parse_tree(spec: str | None):
         return spec
     import yaml
 
+    from headway.heads.values import first_line
+
     try:
         return yaml.safe_load(spec)
     except yaml.YAMLError as exc:
-        raise ValueError(f"--tree {spec!r} is not valid JSON/YAML ({str(exc).splitlines()[0]})") from None
+        raise ValueError(f"--tree {spec!r} is not valid JSON/YAML ({first_line(exc)})") from None
 
 
 LAYERSKIP_RETRIEVAL = ("--retrieval merges a retrieval drafter beside the model drafter, but a LayerSkip drafter "

@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from headway.train.features import _DTYPE_NAMES, _DTYPES, _RECREATE, CACHE_FORMAT, INDEX_NAME, _fingerprint_diff
+from headway.heads.values import first_line
 
 _OPEN_SHARDS = 32  # memory-mapped shard handles kept open per cache
 
@@ -117,7 +118,7 @@ class _ShardStore:
                     ids, mask, offsets = f.get_tensor("input_ids"), f.get_tensor("loss_mask"), f.get_tensor("offsets")
                     shape = f.get_slice("features").get_shape()  # the header only, no feature data
             except (SafetensorError, OSError) as exc:
-                raise ValueError(f"feature shard {path} is missing or corrupt ({str(exc).splitlines()[0]}); "
+                raise ValueError(f"feature shard {path} is missing or corrupt ({first_line(exc)}); "
                                  "rerun scripts/cache_features.py to rewrite it") from None
             if list(shape) != [ids.numel(), width] or int(offsets[-1]) != ids.numel():
                 raise ValueError(f"feature shard {path} does not fit its index (features {list(shape)}, "

@@ -32,6 +32,7 @@ from headway.heads.dflash import DFlashHead
 from headway.heads.formats import dflash, eagle, medusa
 from headway.heads.formats.folder import write_folder
 from headway.heads.registry import kind_of, kinds
+from headway.heads.values import first_line
 
 __all__ = ["FORMATS", "Converter", "convert", "converters", "detect_format", "export_any", "formats", "load_any",
            "register_converter"]
@@ -221,7 +222,7 @@ def _target_model(target):
     try:  # the checkpoint's own dtype: a copied lm_head keeps its exact values
         return AutoModelForCausalLM.from_pretrained(resolve_model_path(str(target)), dtype="auto").eval()
     except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load the target {str(target)!r} ({str(exc).splitlines()[0][:200]}); pass a local "
+        raise ValueError(f"cannot load the target {str(target)!r} ({first_line(exc)}); pass a local "
                          "model folder, a Hub model id or 'smollm2-135m'") from None
 
 

@@ -37,6 +37,8 @@ headway block, z-lab's ``num_target_layers``, a verifier that is a local folder)
 
 from __future__ import annotations
 
+import dataclasses
+
 import warnings
 from pathlib import Path
 
@@ -124,11 +126,17 @@ def export_dflash(head: DFlashHead, out_dir, fmt: str, *, target_name_or_path: s
         raise ValueError(f"export_dflash needs a DFlashHead, got {type(head).__name__}")
     cfg = head.config
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
-    if head.d2t is not None:
-        if fmt == "z-lab":
+    if head.d2t is not None and fmt == "z-lab":
+        if cfg.draft_vocab_size < cfg.vocab_size:
             raise ValueError(f"this DFlash head scores a draft vocabulary of {cfg.draft_vocab_size} tokens, which "
                              "z-lab's layout cannot hold (its drafters score the target's whole vocabulary); export it "
                              "as 'speculators'")
+        # the whole vocabulary in another order: the target's lm_head rows of every token, so scoring the whole
+        # vocabulary in target order (z-lab's) proposes the same tokens
+        head.check_draft_vocab()
+        state.pop("d2t")
+        cfg = dataclasses.replace(cfg, draft_vocab_size=None)
+    elif head.d2t is not None:
         state.update(draft_vocabulary_tensors(head, target))
     layers, state["fc.weight"] = sorted_features(cfg.feature_layers, state["fc.weight"], cfg.hidden_size)
     dtype = state["fc.weight"].dtype

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, read_json
 from headway.heads.files import atomic_folder
+from headway.heads.values import first_line
 
 
 def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwrite: bool, *,
@@ -60,7 +61,7 @@ def read_keys(folder: Path) -> set[str]:
         with safe_open(str(path), "pt") as f:
             return set(f.keys())
     except Exception as exc:  # safetensors raises its own error types for truncated headers
-        raise ValueError(f"{path} is corrupt or truncated ({str(exc).splitlines()[0]})") from None
+        raise ValueError(f"{path} is corrupt or truncated ({first_line(exc)})") from None
 
 
 def pick_field(path: Path, name: str, from_folder, given):

@@ -44,6 +44,7 @@ import torch
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_json, read_weights
 from headway.heads.formats.folder import local_model_config, pick_field, text_config, write_folder
 from headway.heads.medusa import MedusaConfig, MedusaHeads
+from headway.heads.values import first_line
 
 __all__ = ["FORMATS", "PT_NAME", "ST_NAME", "detect_medusa_format", "export_medusa", "import_medusa",
            "read_medusa_pt"]
@@ -99,6 +100,7 @@ def export_medusa(heads: MedusaHeads, out_dir, fmt: str, *, target_lm_head: torc
     _check_format(fmt)
     if not isinstance(heads, MedusaHeads):
         raise ValueError(f"export_medusa needs MedusaHeads, got {type(heads).__name__}")
+    heads = _unreduced_if_whole(heads)
     cfg = heads.config
     state = {k: v.detach().to("cpu").contiguous() for k, v in heads.state_dict().items()}
     lm_head = _checked_lm_head(target_lm_head, cfg)
@@ -136,6 +138,26 @@ def export_medusa(heads: MedusaHeads, out_dir, fmt: str, *, target_lm_head: torc
     config["torch_dtype"] = str(_float_dtype(state)).removeprefix("torch.")
     config["headway"] = {"base_model_name_or_path": cfg.base_model_name_or_path}  # vLLM ignores it
     return write_folder(out_dir, config, tensors, overwrite, weights_name=WEIGHTS_NAME)
+
+
+def _unreduced_if_whole(heads: MedusaHeads) -> MedusaHeads:
+    """Heads whose "reduced" draft vocabulary is the whole vocabulary as the same heads without one, which every
+    layout holds: vLLM reads ``token_map`` only beside a smaller ``truncated_vocab_size`` (it would take draft row i
+    as token i), and the other layouts have no reduced vocabulary at all. Own projections get their rows in target
+    id order (draft row i is token ``draft_token_ids[i]``, a permutation of the vocabulary here)."""
+    cfg = heads.config
+    if not cfg.draft_vocab_size or cfg.draft_vocab_size != cfg.vocab_size:
+        return heads
+    heads.check_draft_vocab()  # distinct ids in range: as many as the vocabulary, so a permutation of it
+    ids = heads.draft_token_ids.cpu()
+    state = {k: v for k, v in heads.state_dict().items() if k != "d2t"}
+    for i in range(cfg.num_heads if heads.lm_heads is not None else 0):
+        rows = state[f"lm_heads.{i}.weight"]  # [V', H], draft order -> [V, H], target order
+        state[f"lm_heads.{i}.weight"] = torch.empty_like(rows).index_copy_(0, ids.to(rows.device), rows)
+    whole = MedusaHeads(dataclasses.replace(cfg, draft_vocab_size=None))
+    whole.load_state_dict(state)
+    whole._shared = heads._shared
+    return whole.to(next(heads.parameters()).dtype)
 
 
 def _distinct_blocks(heads: MedusaHeads) -> bool:
@@ -271,7 +293,7 @@ def read_medusa_pt(path) -> dict[str, torch.Tensor]:
                              f"weights_only=True refused it: {why}); re-save it as a plain dict of tensors") from None
         raise ValueError(f"{path} is not a readable torch checkpoint ({why}); re-download or re-export it") from None
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise ValueError(f"{path} is not a readable torch checkpoint ({str(exc).splitlines()[0][:200]}); "
+        raise ValueError(f"{path} is not a readable torch checkpoint ({first_line(exc)}); "
                          "re-download or re-export it") from None
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                              for k, v in data.items()):

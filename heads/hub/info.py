@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from headway.heads.base import WEIGHTS_NAME, read_json, resolve_folder
 from headway.heads.hub.card import EVAL_METRICS_NAME, RUN_CONFIG_NAME
 from headway.heads.registry import find_kind, kind_of_config
+from headway.heads.values import first_line
 
 METRICS_LOG = "metrics.jsonl"  # the training log next to the exported drafter (train/loop.py)
 # Keys a foreign config may spell its sizes with, in order of preference.
@@ -119,7 +120,7 @@ def weights_summary(folder: Path) -> dict[str, Any]:
                     if dtype.startswith(("F", "BF")):
                         params += numel
         except (SafetensorError, OSError) as exc:
-            raise ValueError(f"{file} is corrupt or truncated ({str(exc).splitlines()[0]}); "
+            raise ValueError(f"{file} is corrupt or truncated ({first_line(exc)}); "
                              "re-export or re-download it") from None
     return {"files": [f.name for f in files], "bytes": sum(f.stat().st_size for f in files),
             "tensors": tensors, "parameters": params, "dtypes": dtypes}

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from headway.heads.files import atomic_folder
+from headway.heads.values import first_line
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def load_target(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = N
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise ValueError(
-            f"cannot load a model config from {name_or_path!r}: {str(exc).splitlines()[0]}; "
+            f"cannot load a model config from {name_or_path!r}: {first_line(exc)}; "
             "pass a local model folder with config.json, a Hub model id, or 'smollm2-135m'"
         ) from None
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from headway.heads.values import ConfigError, parse_bool
+from headway.heads.values import ConfigError, first_line, parse_bool
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -23,3 +23,10 @@ def test_anything_else_is_refused_naming_the_key(value):
     with pytest.raises(ConfigError, match=rf"^train\.flag: expected true/false, got {re.escape(repr(value))}$"):
         parse_bool(value, "train.flag")
     assert issubclass(ConfigError, ValueError)
+
+
+def test_first_line_of_an_exception_never_fails():
+    """One line for a one-line error: the first line of the message, cut; the type where the message is empty."""
+    assert first_line(ValueError("bad thing\nmore detail")) == "bad thing"
+    assert first_line(EOFError()) == "EOFError" and first_line(RuntimeError("  \n")) == "RuntimeError"
+    assert first_line(OSError("x" * 500), limit=10) == "x" * 10

@@ -210,6 +210,27 @@ def test_zlab_layout_and_speculators_converter(deep, tmp_path):
     same_head(head, load_any(conv), base_model_name_or_path=str(verifier))  # depth from the verifier folder
 
 
+def test_zlab_takes_the_whole_vocabulary_as_draft_vocabulary(deep, tmp_path):
+    """draft_vocab_size == vocab_size (the ids shuffled) is no reduction: z-lab's layout takes it, unreduced, and
+    the re-imported drafter scores every token as the head did."""
+    target, _ = deep
+    v = target.config.vocab_size
+    head = dflash_head(target, feature_layers=[1, 2, 3], draft_vocab_size=v, draft_tokens=list(range(v)))
+    perm = torch.randperm(v, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        head.d2t.copy_(perm - torch.arange(v))
+    out = export_any(head, tmp_path / "z", "z-lab", target=target)
+    config, tensors = config_and_tensors(out)
+    assert "d2t" not in tensors and not config.get("draft_vocab_size")
+    back = load_any(out)
+    assert back.config.draft_vocab_size is None
+    feats = per_layer_features(head.config.feature_layers)
+    ids = torch.randint(0, v, (1, C + B + 2), generator=torch.Generator().manual_seed(4))
+    mine = headway_block_logits(head.bind_target(target), feats, ids)
+    theirs = headway_block_logits(back.bind_target(target), feats, ids)
+    assert torch.equal(theirs[..., perm], mine)
+
+
 def test_zlab_with_the_last_layer_warns(deep, tmp_path):
     """z-lab's code reads hidden_states[L] exactly, but speculators' DFlashConverter drops id L - 1 (it takes the last
     layer for the verifier's own output) and then cannot load fc: the export says so."""

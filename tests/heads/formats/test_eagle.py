@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headway.heads import EagleConfig, EagleHead, load_drafter
-from headway.heads.formats.convert import convert, detect_format, load_any
+from headway.heads.formats.convert import convert, detect_format, export_any, load_any
 from headway.heads.formats.eagle import detect_eagle_format, export_eagle, import_eagle
 from tests.heads.formats.helpers import (DRAFT_IDS, LAYER, LAYER3, config_and_tensors, eagle_head, export_quietly,
                                          generate, noisy, one_line, quiet, saved, same_tensors, step_logits)
@@ -198,6 +198,22 @@ def test_eagle1_drops_reduced_vocabulary(tiny_llama, tmp_path):
     assert back.config.draft_vocab_size is None
     full, draft = step_logits(back, target), step_logits(head, target)  # [.., 218] vs [.., 40]: the same rows
     assert torch.equal(full[..., DRAFT_IDS], draft)
+
+
+def test_eagle1_with_the_whole_vocabulary_as_draft_vocabulary_exports_without_widening(tiny_llama, tmp_path):
+    """draft_vocab_size == vocab_size (the ids shuffled) is no reduction: the 'eagle' layout takes it without
+    widen_vocab, and the exported drafter scores every token as the head did."""
+    target, _ = tiny_llama
+    v = target.config.vocab_size
+    head = eagle_head(target, 1, draft_vocab_size=v, draft_tokens=list(range(v)))
+    perm = torch.randperm(v, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        head.d2t.copy_(perm - torch.arange(v))
+    out = quiet(export_any, head, tmp_path / "e", "eagle", target=target)
+    back = import_eagle(out)
+    assert back.config.draft_vocab_size is None
+    full, draft = step_logits(back, target), step_logits(head, target)  # target order vs draft order
+    assert torch.equal(full[..., perm], draft)
 
 
 def test_unsorted_feature_layers_are_sorted_with_fc(tiny_llama, tmp_path):

@@ -224,6 +224,57 @@ def test_vllm_reduced_vocabulary_as_vllm_reads_it(tiny_llama, tmp_path, shared):
         assert torch.equal(theirs.argmax(-1), heads.to_target_ids(mine[k].argmax(-1)))
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_whole_vocabulary_as_draft_vocabulary_exports_unreduced(tiny_llama, tmp_path, shared):
+    """draft_vocab_size == vocab_size (here with the draft ids in a shuffled order) is no reduction: every layout
+    that holds the heads gets them unreduced (vLLM reads token_map only beside a smaller truncated_vocab_size and
+    would take draft row i as token i), and vLLM's logits and a re-import's equal the heads' own per target id."""
+    target, _ = tiny_llama
+    heads = medusa_heads(target, share_lm_head=shared, draft_vocab_size=V, draft_tokens=list(range(V)))
+    perm = torch.randperm(V, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        heads.d2t.copy_(perm - torch.arange(V))
+        if not shared:
+            for proj in heads.lm_heads:
+                proj.weight.copy_(proj.weight[perm])  # draft row i scores token perm[i], as before the shuffle
+    heads.bind_target(target)
+    mine = medusa_logits(target, heads)  # [3, 2, 5, V] in draft order
+    want = torch.empty_like(mine).index_copy_(-1, perm, mine)  # by target id
+    x = torch.randn(2, 5, H, generator=torch.Generator().manual_seed(3))
+    for fmt in ["vllm-medusa", "medusa-v0.1"] + (["medusa-v2"] if shared else []):
+        out = export_any(heads, tmp_path / fmt, fmt, target=target)
+        if fmt == "vllm-medusa":
+            config = json.loads((out / "config.json").read_text())
+            tensors = load_file(str(out / "model.safetensors"))
+            assert "truncated_vocab_size" not in config and "token_map" not in tensors
+            for k in range(3):
+                torch.testing.assert_close(_vllm_logits(tensors, config, x, k), want[k], rtol=1e-6, atol=1e-5)
+        back = load_any(out, target=target)
+        assert back.config.draft_vocab_size is None
+        torch.testing.assert_close(medusa_logits(target, back), want, rtol=1e-6, atol=1e-5)
+
+
+def test_a_corrupt_draft_vocabulary_is_refused_on_load(tiny_llama, tmp_path):
+    """A headway Medusa checkpoint whose d2t maps outside the vocabulary: one line at load, not an index error in
+    generate."""
+    target, _ = tiny_llama
+    folder = saved(medusa_heads(target, draft_vocab_size=40, draft_tokens=DRAFT_IDS), tmp_path / "src")
+    state = load_file(str(folder / "model.safetensors"))
+    state["d2t"] = state["d2t"] + 10_000
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match="d2t are inconsistent .* re-export the drafter"):
+        load_drafter(folder)
+
+
+def test_an_empty_official_checkpoint_is_one_line(tmp_path):
+    """A zero-byte medusa_lm_head.pt (an interrupted download): torch's EOFError has no message; the error still
+    names the file and the fix."""
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1}))
+    (tmp_path / "medusa_lm_head.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"medusa_lm_head.pt is not a readable torch checkpoint \(EOFError\); re-"):
+        load_any(tmp_path)
+
+
 # --- a foreign official Medusa v0.1 checkpoint ------------------------------------------------------
 
 class OfficialResBlock(nn.Module):
