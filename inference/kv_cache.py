@@ -29,9 +29,12 @@ class KVArena:
     """Every layer's keys and values of one cache in one tensor ``data`` [2L, B, Hkv, C, D] (layer i's keys at 2i,
     its values at 2i + 1), so moving slots (a compaction) is one gather and one write for all layers: 2 tensor calls
     a round instead of 4L (120 on the 30-layer default target; each a kernel launch on a GPU). Made at the first
-    layer's first write, for that write's batch, heads, width, dtype and device; grown (doubled, every layer's slots
-    copied once) when a layer would overflow it. A layer whose keys do not fit it (another shape) or that is given
-    tensors of another batch keeps buffers of its own, and compaction then goes layer by layer."""
+    write of any member, for that write's batch, heads, width, dtype and device, and sized for every member;
+    grown (doubled, every layer's slots copied once, the old and the new tensor alive together for that copy) when
+    a layer would overflow it. A layer whose keys and values differ in shape or dtype (multi-head latent attention:
+    DeepSeek-V2/V3 cache values narrower than keys), do not fit the arena, need gradients, or are given tensors of
+    another batch (rows leaving it) keeps buffers of its own, and compaction then goes layer by layer; once no
+    member is left the arena's tensor is freed."""
 
     def __init__(self, layers: int, capacity: int):
         self.layers: list["BufferLayer"] = []  # the members, in the cache's order
@@ -42,20 +45,28 @@ class KVArena:
         layer.arena, layer.arena_index = self, len(self.layers)
         self.layers.append(layer)
 
-    def place(self, layer: "BufferLayer", like: torch.Tensor, need: int) -> bool:
-        """Point ``layer``'s buffers at its slots of the arena (made for ``like`` [B, Hkv, n, D] at the first call,
-        grown to ``need`` slots when shorter); False: ``like`` does not fit it, the layer keeps buffers of its own."""
+    def place(self, layer: "BufferLayer", keys: torch.Tensor, values: torch.Tensor, need: int) -> bool:
+        """Point ``layer``'s buffers at its slots of the arena (made for ``keys`` [B, Hkv, n, D] at the first call,
+        grown to ``need`` slots when shorter); False: they do not fit it, the layer keeps buffers of its own."""
+        if keys.shape != values.shape or keys.dtype != values.dtype or keys.requires_grad or values.requires_grad:
+            return False
         data = self.data
         if data is None:
-            b, h, _, d = like.shape
-            self.data = like.new_empty(2 * self.size, b, h, max(self.capacity, need), d)
-        elif data.shape[1:3] != like.shape[:2] or data.shape[4] != like.shape[3] or data.dtype != like.dtype \
-                or data.device != like.device:
+            b, h, _, d = keys.shape
+            self.data = keys.new_empty(2 * self.size, b, h, max(self.capacity, need), d)
+        elif data.shape[1:3] != keys.shape[:2] or data.shape[4] != keys.shape[3] or data.dtype != keys.dtype \
+                or data.device != keys.device:
             return False
         elif data.shape[3] < need:
             self._grow(need)
         self._point(layer)
         return True
+
+    def leave(self, layer: "BufferLayer") -> None:
+        """``layer`` holds buffers of its own from now on; the last member to leave frees the arena."""
+        layer.in_arena = False
+        if self.data is not None and not any(member.in_arena for member in self.layers):
+            self.data = None
 
     def _point(self, layer: "BufferLayer") -> None:
         i = layer.arena_index
@@ -70,6 +81,9 @@ class KVArena:
             if layer.in_arena:
                 self._point(layer)
 
+    def __getstate__(self):
+        raise TypeError("a KV arena is not pickled: its layers are (each with buffers of its own)")
+
 
 def arena_of(cache) -> torch.Tensor | None:
     """The ``KVArena`` data [2L, B, Hkv, C, D] holding every layer of ``cache``, or None (some layer holds its own)."""
@@ -77,7 +91,7 @@ def arena_of(cache) -> torch.Tensor | None:
     arena = getattr(layers[0], "arena", None) if layers else None
     if arena is None or arena.data is None or len(arena.layers) != len(layers):
         return None
-    return arena.data if all(layer.in_arena for layer in layers) else None
+    return arena.data if all(layer.in_arena and layer.arena is arena for layer in layers) else None
 
 
 class BufferLayer(DynamicLayer):
@@ -110,7 +124,7 @@ class BufferLayer(DynamicLayer):
         if value is None or value.dim() != 4:  # reset, or transformers' empty placeholder before the first update
             self._buf[name], self._raw[name] = None, value
             self._length[name] = 0
-            self.in_arena = False
+            self._leave()
             return
         if buf is not None and value.data_ptr() == buf.data_ptr() and value.stride() == buf.stride() \
                 and value.shape[:2] == buf.shape[:2] and value.shape[3] == buf.shape[3]:
@@ -119,8 +133,18 @@ class BufferLayer(DynamicLayer):
         # a new tensor (another batch, a repack): copied into the buffer, or a new one of its batch
         self._buf[name] = write_slots(buf, 0, value, self.capacity)
         if self._buf[name] is not buf:
-            self.in_arena = False
+            self._leave()
         self._length[name] = value.shape[2]
+
+    def _leave(self) -> None:
+        if self.in_arena:
+            self.arena.leave(self)
+
+    def __getstate__(self):
+        """Pickled (``pickle``; ``copy.deepcopy`` too) without the arena: the copy's buffers are its own."""
+        state = self.__dict__.copy()
+        state["arena"], state["in_arena"] = None, False
+        return state
 
     keys = property(lambda self: self._view("keys"), lambda self, v: self._assign("keys", v))
     values = property(lambda self: self._view("values"), lambda self, v: self._assign("values", v))
@@ -146,12 +170,12 @@ class BufferLayer(DynamicLayer):
         start = self._length["keys"]
         need, buf = start + key_states.shape[2], self._buf["keys"]
         if self.arena is not None and (self.in_arena or buf is None) and (buf is None or buf.shape[2] < need):
-            self.arena.place(self, key_states, need)  # the arena's slices (made or grown), or own buffers below
+            self.arena.place(self, key_states, value_states, need)  # the arena's slices (made or grown), or below
         for name, new in (("keys", key_states), ("values", value_states)):
             buf = self._buf[name]
             self._buf[name] = write_slots(buf, start, new, self.capacity)
-            if self._buf[name] is not buf:  # outgrew or left the arena (another batch): a buffer of its own
-                self.in_arena = False
+            if self._buf[name] is not buf:  # not the arena's (it refused them) or no longer (another batch)
+                self._leave()
             self._length[name] = start + new.shape[2]
         return self.keys, self.values
 
@@ -178,9 +202,11 @@ def new_cache(model, capacity: int = 0) -> DynamicCache:
     if cache.layers:
         cache.layers = [BufferLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
         buffered = [layer for layer in cache.layers if isinstance(layer, BufferLayer)]
-        arena = KVArena(len(buffered), capacity)
-        for layer in buffered:
-            arena.join(layer)
+        spread = len(set(map(str, (getattr(model, "hf_device_map", None) or {}).values()))) > 1
+        if not spread:  # one arena on one device; a model split over devices keeps each layer's buffers apart
+            arena = KVArena(len(buffered), capacity)
+            for layer in buffered:
+                arena.join(layer)
     else:
         cache.layer_class_to_replicate = functools.partial(BufferLayer, capacity)
     check_compactable(cache)

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from headway.heads.base import CONFIG_NAME, Drafter, load_drafter, read_json
+from headway.heads.base import CONFIG_NAME, Drafter, built_from_config, load_drafter, read_json
 from headway.heads.dflash import DFlashHead
 from headway.heads.formats import dflash, eagle, medusa
 from headway.heads.formats.folder import write_folder
@@ -126,8 +126,9 @@ def load_any(path, fmt: str | None = None, *, target=None, vocab_size: int | Non
         fmt = detect_format(path)
     converter = _converter(fmt)
     model = _target_model(target)
-    drafter = converter.read(path, fmt, model, vocab_size=vocab_size, num_target_layers=num_target_layers,
-                             base_model_name_or_path=base_model_name_or_path, feature_layers=feature_layers)
+    drafter = built_from_config(lambda: converter.read(
+        path, fmt, model, vocab_size=vocab_size, num_target_layers=num_target_layers,
+        base_model_name_or_path=base_model_name_or_path, feature_layers=feature_layers), Path(path) / CONFIG_NAME)
     if model is not None:
         drafter.check_target(model)
     return drafter

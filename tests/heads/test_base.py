@@ -177,3 +177,26 @@ def test_register_drafter_makes_a_class_loadable(tmp_path):
         assert torch.equal(loaded.scale, torch.arange(4.0)) and kind_of(loaded).title == "Scale"
     finally:
         unregister_kind("test-scale")
+
+
+@pytest.mark.parametrize("change", [{"rope_scaling": {"rope_type": "bogus"}}, {"hidden_act": "gelu_bogus"},
+                                    {"vocab_size": None}, {"hidden_size": "64"}])
+def test_config_values_that_cannot_build_the_drafter(tiny_llama, tmp_path, change):
+    """load_drafter on a config.json whose values build no drafter: one ValueError line naming the file and the fix."""
+    import logging
+
+    from headway.heads import EagleHead
+
+    target, _ = tiny_llama
+    EagleHead.from_target(target, version=3).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / CONFIG_NAME).read_text())
+    (tmp_path / CONFIG_NAME).write_text(json.dumps({**config, **change}))
+    logger = logging.getLogger("transformers.modeling_rope_utils")  # it warns of the bogus type first
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with pytest.raises(ValueError, match=r"config.json: a setting cannot build the drafter \(\w+: .*re-export") as err:
+            load_drafter(tmp_path)
+    finally:
+        logger.setLevel(level)
+    assert "\n" not in str(err.value)

@@ -187,6 +187,76 @@ def test_a_layer_given_another_batch_leaves_the_arena_and_compacts_alone(family_
         assert torch.equal(layer.values, values[:, :, [0, 1, 2, 3, 5, 7]])
 
 
+def test_keys_and_values_of_different_widths_keep_their_own_buffers():
+    """Multi-head latent attention (DeepSeek-V3) caches values narrower than keys: such a layer stays out of the
+    arena, and the cache computes what transformers' own does."""
+    from transformers import AutoModelForCausalLM, DeepseekV3Config
+
+    cfg = DeepseekV3Config(vocab_size=64, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
+                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16,
+                           q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=2,
+                           num_experts_per_tok=1, first_k_dense_replace=2, n_shared_experts=1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    ids = torch.arange(1, 9)[None]
+    ref, cache = DynamicCache(config=cfg), new_cache(model, capacity=4)
+    with torch.no_grad():
+        for part in (ids[:, :6], ids[:, 6:]):  # past the capacity: the own buffers grow
+            want = model(input_ids=part, cache=ref, use_cache=True).logits
+            assert torch.equal(model(input_ids=part, cache=cache, use_cache=True).logits, want)
+    assert arena_of(cache) is None and cache.layers[0].keys.shape[-1] != cache.layers[0].values.shape[-1]
+    compact_cache(cache, 2, [0, 3, 5], 6)
+    for layer, plain in zip(cache.layers, ref.layers):
+        assert torch.equal(layer.keys, plain.keys[:, :, [0, 1, 2, 5, 7]])
+        assert torch.equal(layer.values, plain.values[:, :, [0, 1, 2, 5, 7]])
+
+
+def test_a_copied_or_pickled_cache_compacts_its_own_buffers(tiny_llama):
+    """pickle and deepcopy give layers with buffers of their own (no arena): compacting the copy changes its own
+    entries, exactly, and not the original's."""
+    import copy
+    import pickle
+
+    model, _ = tiny_llama
+    cache = new_cache(model, capacity=8)
+    with torch.no_grad():
+        model(input_ids=torch.arange(4, 14)[None], cache=cache, use_cache=True)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    for twin in (pickle.loads(pickle.dumps(cache)), copy.deepcopy(cache)):
+        assert arena_of(twin) is None
+        compact_cache(twin, 2, [0, 3, 5], 8)
+        for layer, (keys, values) in zip(twin.layers, before):
+            assert torch.equal(layer.keys, keys[:, :, [0, 1, 2, 5, 7]])
+            assert torch.equal(layer.values, values[:, :, [0, 1, 2, 5, 7]])
+    assert arena_of(cache) is not None and all(torch.equal(layer.keys, keys) for layer, (keys, _) in
+                                               zip(cache.layers, before))
+
+
+def test_the_arena_is_freed_once_every_layer_left_it(family_model):
+    """Rows leaving the batch give every layer buffers of its own: the arena's tensor (every layer at the old batch)
+    is not kept alive by it."""
+    model = family_model
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=torch.arange(4, 24).reshape(4, 5), cache=cache, use_cache=True)
+    arena = cache.layers[0].arena
+    assert arena.data is not None
+    cache.batch_select_indices(torch.tensor([2]))
+    assert arena.data is None and arena_of(cache) is None and cache.layers[0].keys.shape[0] == 1
+
+
+def test_a_cache_that_needs_gradients_stays_out_of_the_arena(tiny_llama):
+    """Outside the runtime's no_grad a forward's keys need gradients: shared storage would make one layer's write
+    invalidate another's saved tensors, so such layers keep their own buffers and backward works."""
+    model, _ = tiny_llama
+    cache = new_cache(model)
+    logits = model(input_ids=torch.arange(4, 10)[None], cache=cache, use_cache=True).logits
+    logits = model(input_ids=torch.arange(10, 12)[None], cache=cache, use_cache=True).logits
+    logits.sum().backward()
+    assert arena_of(cache) is None
+    model.zero_grad(set_to_none=True)
+
+
 def test_compact_rows_gathers_every_layer_at_once(tiny_llama):
     """A batch's per-row paths, through the arena in one gather: each row's kept entries, in order."""
     model, _ = tiny_llama
