@@ -36,7 +36,8 @@ import torch
 from headway.heads.target.features import FeatureCapture
 from headway.inference import vocab_reduce
 from headway.inference.auto import cheapest_width, host_scored_rows, prune
-from headway.inference.kv_cache import CACHE_SLACK, compact_rows, hidden_where, lay_rows, new_cache, repack_rows
+from headway.inference.kv_cache import (CACHE_SLACK, compact_rows, hidden_where, lay_rows, new_cache, repack_rows,
+                                        select_rows)
 from headway.inference.layerskip import EarlyRows
 from headway.inference.processors import GenerationSetup, apply_processors
 from headway.inference.proposer import Draft, DraftContext, Proposer, check_draft, greedy_read, root_draft, run_rows
@@ -333,7 +334,7 @@ def generate_batch(gen, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: i
             if any(leaving):
                 index = torch.tensor(stay, dtype=torch.long, device=device)
                 if stay:
-                    cache.batch_select_indices(index)
+                    select_rows(cache, index)
                     if chains is not None:
                         chains.select(index)
                 valid = valid.index_select(0, index)

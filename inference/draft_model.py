@@ -20,7 +20,7 @@ from headway.inference.proposer import (Draft, DraftContext, Proposer, RowStep, 
                                         sample_children)
 from headway.inference.expand import (DynamicTree, Expansion, expand_dynamic, expand_static, feed_block, feed_mask,
                                       grow_dynamic, grow_static)
-from headway.inference.kv_cache import crop_to, hidden_where, lay_rows, new_cache, repack_rows, step_mask
+from headway.inference.kv_cache import crop_to, hidden_where, lay_rows, new_cache, repack_rows, select_rows, step_mask
 from headway.inference.tree import Tree, chain
 from headway.inference.target_forward import chain_forward, check_attention
 
@@ -330,7 +330,7 @@ class ChainRows:
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the rows ``index`` [B'] long, in that order (the target's ``batch_select_indices``)."""
-        self.cache.batch_select_indices(index)
+        select_rows(self.cache, index)
         self.valid, self.tokens = self.valid.index_select(0, index), self.tokens.index_select(0, index)
         self.starts, self.root_logits = self.starts.index_select(0, index), self.root_logits.index_select(0, index)
         self.chain = self.chain.index_select(0, index)

@@ -280,6 +280,22 @@ def compact_rows(cache, start: int, keep: Sequence[Sequence[int]], written: int)
     return longest
 
 
+def select_rows(cache, index: torch.Tensor) -> None:
+    """Keep the batch rows ``index`` [B'] long, in that order (transformers' ``batch_select_indices``): through the
+    arena one gather for every layer, the layers staying in it (a new arena tensor of B' rows, the old one freed),
+    so the batch's later compactions stay one call; else layer by layer."""
+    data = arena_of(cache)
+    if data is None:
+        cache.batch_select_indices(index)
+        return
+    arena = cache.layers[0].arena
+    used = max(max(layer._length.values()) for layer in arena.layers)  # slots any layer holds
+    arena.data = data.new_empty(data.shape[0], index.shape[0], *data.shape[2:])  # [2L, B', Hkv, C, D]
+    arena.data[:, :, :, :used] = data[:, :, :, :used].index_select(1, index.to(data.device))
+    for layer in arena.layers:
+        arena._point(layer)
+
+
 def hidden_where(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool (True: hidden) -> the additive mask of 0 / finfo(dtype).min of the same shape."""
     return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, torch.finfo(dtype).min)

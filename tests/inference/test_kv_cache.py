@@ -7,7 +7,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from headway.inference.kv_cache import (BufferLayer, arena_of, check_compactable, compact_cache, compact_rows, crop_to,
-                                        new_cache, step_mask)
+                                        new_cache, select_rows, step_mask)
 from headway.inference.tree import load_tree, node_path
 from headway.inference.target_forward import tree_forward
 from tests.inference.spec_utils import causal_logits, prefilled
@@ -243,6 +243,37 @@ def test_the_arena_is_freed_once_every_layer_left_it(family_model):
     assert arena.data is not None
     cache.batch_select_indices(torch.tensor([2]))
     assert arena.data is None and arena_of(cache) is None and cache.layers[0].keys.shape[0] == 1
+
+
+def test_select_rows_keeps_the_arena_and_what_batch_select_keeps(family_model):
+    """The rows a batch keeps, through the arena in one gather: the same entries as transformers'
+    ``batch_select_indices`` on its own cache, the layers still in one (smaller) arena, later forwards the same."""
+    model = family_model
+    ids = torch.arange(4, 28).reshape(4, 6)
+    ref, cache = DynamicCache(config=model.config), new_cache(model, capacity=16)
+    with torch.no_grad():
+        for c in (ref, cache):
+            model(input_ids=ids, cache=c, use_cache=True)
+        index = torch.tensor([3, 1])
+        ref.batch_select_indices(index)
+        with _Counted() as counted:
+            select_rows(cache, index)
+        assert counted.calls.get("index_select") == 1
+        data = arena_of(cache)
+        assert data is not None and data.shape[1] == 2 and data.shape[3] == 16
+        for layer, plain in zip(cache.layers, ref.layers):
+            assert torch.equal(layer.keys, plain.keys) and torch.equal(layer.values, plain.values)
+        nxt = torch.tensor([[5], [6]])
+        want = model(input_ids=nxt, cache=ref, use_cache=True).logits
+        assert torch.equal(model(input_ids=nxt, cache=cache, use_cache=True).logits, want)
+    plain = new_cache(model)  # not in an arena (a copy): transformers' own selection
+    with torch.no_grad():
+        model(input_ids=ids, cache=plain, use_cache=True)
+    import copy
+
+    twin = copy.deepcopy(plain)
+    select_rows(twin, index)
+    assert twin.layers[0].keys.shape[0] == 2 and torch.equal(twin.layers[0].keys, plain.layers[0].keys[[3, 1]])
 
 
 def test_a_cache_that_needs_gradients_stays_out_of_the_arena(tiny_llama):
