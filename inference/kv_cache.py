@@ -333,6 +333,12 @@ def repack_rows(cache, valid: torch.Tensor) -> torch.Tensor:
         return valid
     # a stable sort puts each row's invalid slots first and keeps its valid ones in order
     order = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices[:, valid.shape[1] - length:]  # [B, S']
+    data = arena_of(cache)
+    if data is not None:  # [2L, B, Hkv, C, D]: every layer in one gather (which copies first: overlaps are safe)
+        index = order[None, :, None, :, None].expand(data.shape[0], -1, data.shape[2], -1, data.shape[4])
+        data[:, :, :, :length] = data[:, :, :, :valid.shape[1]].gather(3, index)
+        cache.crop(-(valid.shape[1] - length))
+        return valid.gather(1, order)
     for layer in cache.layers:
         b, h, _, d = layer.keys.shape
         index = order[:, None, :, None].expand(b, h, length, d)
