@@ -5,8 +5,8 @@ accepted root-to-node path may stay: its entries are gathered into place behind 
 the rest is cropped, so rejected keys/values never reach a later step (the "roll back the KV
 cache" step of speculative decoding; Medusa and EAGLE do the same gather-then-truncate). The layers
 are ``BufferLayer``s: allocated once and written in place, so neither a forward nor a crop copies the
-cache. Every layer's buffers are slices of one ``KVArena`` tensor, so a compaction is one gather and one write
-for the whole cache, not two per buffer per layer. A batch's rows keep paths of different lengths
+cache. The layers' buffers are slices of one ``KVArena`` tensor (where they fit it: see there), so a compaction,
+a batch's row selection or repack is one gather and one write for the whole cache, not two per buffer per layer. A batch's rows keep paths of different lengths
 (``compact_rows``) and masked-out holes that ``repack_rows`` squeezes out.
 """
 
