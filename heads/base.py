@@ -141,15 +141,16 @@ def _hub_load_error(repo_id: str, revision: str | None, exc: Exception) -> str:
             f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
 
 
-def built_from_config(build, source):
+def built_from_config(build, source, also: tuple = ()):
     """``build()``: a drafter made from a config's settings. A value that cannot build one (a hand-edited or foreign
     config.json: an unknown activation or rope type, a null or mistyped size, a size the attention cannot split) is
-    one line naming ``source`` and the fix, not the KeyError or TypeError from deep inside the module's code."""
+    one line naming ``source`` and the fix, not the KeyError or TypeError from deep inside the module's code (kept
+    as the cause). ``also``: more exception types that mean a bad value here (where ``build`` does nothing else)."""
     from huggingface_hub.errors import StrictDataclassError
 
     try:
         return build()
-    except (KeyError, TypeError, AttributeError, IndexError, ZeroDivisionError, StrictDataclassError) as exc:
+    except (KeyError, TypeError, StrictDataclassError, *also) as exc:
         raise ValueError(f"{source}: a setting cannot build the drafter ({type(exc).__name__}: {first_line(exc)}); "
                          "correct that value in config.json or re-export the drafter") from exc
 
@@ -314,7 +315,8 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
         if cls is Drafter:
             cls = head_class(data)
         source = folder / CONFIG_NAME
-        model = built_from_config(lambda: cls(cls.config_class.from_dict(data, source=str(source))), source)
+        model = built_from_config(lambda: cls(cls.config_class.from_dict(data, source=str(source))), source,
+                                  also=(AttributeError, IndexError, ZeroDivisionError))
         state = read_weights(folder / WEIGHTS_NAME)
         floats = {t.dtype for t in state.values() if t.is_floating_point()}
         if len(floats) == 1:  # keep the checkpoint's precision (a bf16 export loads as bf16)

@@ -325,7 +325,7 @@ def grow_dynamic_tensors(settings: DynamicTree, max_depth: int, root_token: int,
     """``expand_dynamic`` as tensor ops with fixed shapes and no read: the kept tree stays on the device (a
     ``DeviceTree``, its scores a tensor), its shape read with the round's verification. A generator: it yields each
     feed's ``FeedRows`` arguments (tokens, parent_rows, depth, allowed), is sent their logits [R, V'] (or [1, V']:
-    one row every node of the level shares, scored once: DFlash's slot of that depth), and returns the Draft (a
+    one row every node of the level shares, scored once), and returns the Draft (a
     batch runs its rows' feeds together).
 
     Every level feeds ``top_k`` rows (the level's best, ids ascending as the host version feeds

@@ -209,8 +209,7 @@ class SpeculativeGenerator:
             from headway.inference.batch import check_batch
 
             check_settings(max_new_tokens, temperature, top_k, top_p)  # a bad setting first, as for one prompt
-            pad = generation_kwargs.get("pad_token_id", getattr(generation_config or self.target.generation_config,
-                                                                "pad_token_id", None))  # as the call merges it
+            pad = self.target._prepare_generation_config(generation_config, **generation_kwargs)[0].pad_token_id
             ids, mask = check_batch(ids, attention_mask, pad if isinstance(pad, int) else None)
             if ids.shape[0] > 1:
                 return self._generate_batch(ids, mask, max_new_tokens, temperature, top_k, top_p, generator, streamer,

@@ -5,9 +5,10 @@ accepted root-to-node path may stay: its entries are gathered into place behind 
 the rest is cropped, so rejected keys/values never reach a later step (the "roll back the KV
 cache" step of speculative decoding; Medusa and EAGLE do the same gather-then-truncate). The layers
 are ``BufferLayer``s: allocated once and written in place, so neither a forward nor a crop copies the
-cache. The layers' buffers are slices of one ``KVArena`` tensor (where they fit it: see there), so a compaction,
-a batch's row selection or repack is one gather and one write for the whole cache, not two per buffer per layer. A batch's rows keep paths of different lengths
-(``compact_rows``) and masked-out holes that ``repack_rows`` squeezes out.
+cache. The layers' buffers are slices of one ``KVArena`` tensor (where they fit it: see there), so a
+compaction, a batch's row selection or repack is one gather and one write for the whole cache, not two per
+buffer per layer. A batch's rows keep paths of different lengths (``compact_rows``) and masked-out holes that
+``repack_rows`` squeezes out.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ class KVArena:
     grown (doubled, every layer's slots copied once, the old and the new tensor alive together for that copy) when
     a layer would overflow it. A layer whose keys and values differ in shape or dtype (multi-head latent attention:
     DeepSeek-V2/V3 cache values narrower than keys), do not fit the arena, need gradients, or are given tensors of
-    another batch (rows leaving it) keeps buffers of its own, and compaction then goes layer by layer; once no
-    member is left the arena's tensor is freed."""
+    another batch (transformers' ``batch_select_indices``; headway's ``select_rows`` keeps the arena) keeps
+    buffers of its own, and compaction then goes layer by layer; once no member is left the arena's tensor is
+    freed."""
 
     def __init__(self, layers: int, capacity: int):
         self.layers: list["BufferLayer"] = []  # the members, in the cache's order
@@ -141,8 +143,11 @@ class BufferLayer(DynamicLayer):
             self.arena.leave(self)
 
     def __getstate__(self):
-        """Pickled (``pickle``; ``copy.deepcopy`` too) without the arena: the copy's buffers are its own."""
+        """Pickled (``pickle``; ``copy.deepcopy`` too) without the arena: the copy's buffers are its own (cloned
+        out of it, or pickle would write the whole arena's storage for each layer's view of it)."""
         state = self.__dict__.copy()
+        if self.in_arena:
+            state["_buf"] = {name: buf.clone() for name, buf in self._buf.items()}
         state["arena"], state["in_arena"] = None, False
         return state
 

@@ -371,8 +371,8 @@ MAX_SHAPES = 4096  # retrieval's shapes vary with its matches: the cache is boun
 def shaped_tree(parents: Sequence[int], name: str | None = None) -> Tree:
     """The ``Tree`` of ``parents`` (ranks by sibling order), one instance per shape and name: a drafter that builds
     its tree each round (prompt lookup, suffix decoding, lookahead, a hybrid's merge) gets a shape it drafted before
-    with its masks and verification tensors already built (``Tree.cached``). Trees are never changed after they
-    are made, so sharing them is safe."""
+    with its masks and verification tensors already built (``Tree.cached``). A tree's shape never changes after it
+    is made (only its caches of derived tensors fill), and nothing writes into those tensors, so sharing is safe."""
     key = (tuple(parents), name)
     tree = _SHAPES.get(key)
     if tree is None:

@@ -178,8 +178,9 @@ def test_a_config_value_that_cannot_build_the_drafter_is_one_line(tmp_path, layo
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     target.save_pretrained(tmp_path / "target")
+    fragment = "its \"headway\" entry is str 'x'" if "headway" in change else "a setting cannot build the drafter"
     assert_refused(["convert", folder, tmp_path / "out", "--to", "headway", "--target", tmp_path / "target"],
-                   capsys, "config.json: a setting cannot build the drafter", "re-export the drafter")
+                   capsys, "config.json", fragment, "re-export the drafter")
     assert not (tmp_path / "out").exists()
 
 

@@ -47,8 +47,8 @@ import torch
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_weights
 from headway.heads.dflash import DFlashConfig, DFlashHead
 from headway.heads.formats import speculators
-from headway.heads.formats.folder import (check_tensors, dtype_name, local_model_config, open_folder, pick_field,
-                                          read_config, text_config, write_folder)
+from headway.heads.formats.folder import (check_tensors, dtype_name, headway_block, local_model_config, open_folder,
+                                          pick_field, read_config, text_config, write_folder)
 from headway.heads.formats.llama_layer import (layer_shapes, llama_fields, parse_llama_config, sorted_features,
                                                warn_inexact_layers)
 from headway.heads.target.features import check_feature_layers, num_layers
@@ -297,7 +297,7 @@ def _parse_speculators(path: Path, config: dict):
     if target_hidden is not None and int(target_hidden) != fields["hidden_size"]:
         raise ValueError(f"{path}: target_hidden_size {target_hidden} differs from hidden_size "
                          f"{fields['hidden_size']}; headway's DFlash drafter is as wide as the target")
-    meta = config.get("headway") or {}
+    meta = headway_block(config, path)
     verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     depth = meta.get("num_target_layers")
     if depth is None and verifier:  # a verifier that is a local folder gives the depth
@@ -325,7 +325,7 @@ def _parse_zlab(path: Path, config: dict):
     if draft is not None and int(draft) != fields["vocab_size"]:
         raise ValueError(f"{path} has a reduced draft vocabulary (draft_vocab_size {draft} of {fields['vocab_size']}); "
                          "headway's DFlash scores the target's whole vocabulary through its lm_head")
-    meta = config.get("headway") or {}
+    meta = headway_block(config, path)
     depth, noted = config.get("num_target_layers"), meta.get("num_target_layers")
     if depth is not None and noted is not None and depth != noted:
         raise ValueError(f"{path} says num_target_layers {depth} but its headway block says {noted}; fix one")

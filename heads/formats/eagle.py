@@ -58,8 +58,8 @@ from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, rea
 from headway.heads.eagle import EagleConfig, EagleHead
 from headway.heads.peagle import PEagleConfig, PEagleHead
 from headway.heads.formats import speculators
-from headway.heads.formats.folder import (check_tensors, local_model_config, open_folder, pick_field, read_config,
-                                          read_keys, text_config, write_folder)
+from headway.heads.formats.folder import (check_tensors, headway_block, local_model_config, open_folder, pick_field,
+                                          read_config, read_keys, text_config, write_folder)
 from headway.heads.formats.llama_layer import (EAGLE3_LAYER_KEYS, LAYER_KEYS, from_engine_layer_ids, layer_shapes,
                                                llama_fields, parse_llama_config, sorted_features,
                                                to_engine_layer_ids, warn_inexact_layers)
@@ -325,7 +325,7 @@ def _parse_eagle1(folder, config, weights, depth_kw, base_kw, layers_kw):
         raise ValueError(f"{path}: architectures {arch} are not an EAGLE-1 Llama drafter "
                          f"(expected one of {sorted(_EAGLE1_ARCHITECTURES)})")
     fields = parse_llama_config(path, data, "the EAGLE-1 config")
-    meta = config.get("headway") or {}
+    meta = headway_block(config, path)
     depth = _depth(path, meta, None, depth_kw)
     fc_bias = "fc.bias" in weights
     if "bias" in data and bool(data["bias"]) != fc_bias:
@@ -352,7 +352,7 @@ def _parse_eagle1(folder, config, weights, depth_kw, base_kw, layers_kw):
 
 def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
     path = folder / CONFIG_NAME
-    meta = config.get("headway") or {}
+    meta = headway_block(config, path)
     normalized, own = False, {}
     if fmt == "speculators":
         fields, ids, verifier, normalized = speculators.read_speculators_config(path, config)

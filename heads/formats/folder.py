@@ -64,6 +64,15 @@ def read_keys(folder: Path) -> set[str]:
         raise ValueError(f"{path} is corrupt or truncated ({first_line(exc)})") from None
 
 
+def headway_block(config: dict, path: Path) -> dict:
+    """The ``"headway"`` entry headway writes into a foreign layout's config.json (its own metadata), or {}."""
+    meta = config.get("headway") or {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: its \"headway\" entry is {type(meta).__name__} {meta!r}, not the object of "
+                         "metadata headway writes there; remove it or re-export the drafter")
+    return meta
+
+
 def pick_field(path: Path, name: str, from_folder, given):
     """A value the folder states wins; a keyword fills the gap; both but different is an error."""
     if from_folder is not None and given is not None and from_folder != given:

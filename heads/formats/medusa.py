@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_state_strict, read_json, read_weights
-from headway.heads.formats.folder import local_model_config, pick_field, text_config, write_folder
+from headway.heads.formats.folder import headway_block, local_model_config, pick_field, text_config, write_folder
 from headway.heads.medusa import MedusaConfig, MedusaHeads
 from headway.heads.values import first_line
 
@@ -355,7 +355,8 @@ def _parse_vllm(folder: Path, config: dict, lm_head, vocab_kw, base_kw):
     if reduced:
         token_map = _checked_token_map(weights_path, token_map, truncated, vocab)
     shared_in_file = bool(config.get("original_lm_head"))  # one lm_heads.0.weight serves every head
-    base = pick_field(path, "base_model_name_or_path", (config.get("headway") or {}).get("base_model_name_or_path"), base_kw)
+    base = pick_field(path, "base_model_name_or_path", headway_block(config, path).get("base_model_name_or_path"),
+                      base_kw)
     cfg = MedusaConfig(hidden_size=hidden, vocab_size=vocab, num_heads=num_heads, num_layers=depth,
                        draft_vocab_size=truncated if reduced else None, base_model_name_or_path=base)
     blocks = {key: item for key, item in _layout(cfg, "vllm-medusa").items() if key.startswith("blocks.")}

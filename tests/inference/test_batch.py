@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 import headway.inference.batch as batch_mod
 from headway.heads.dflash import DFlashHead
@@ -274,8 +275,6 @@ def test_the_cache_helpers_keep_what_each_row_needs(family_model):
 def _pad_case(setting: str):
     """(kwargs for both generates, the target's generation config changed in place) for each way a pad id is
     given or left out."""
-    from transformers import GenerationConfig
-
     eos = 218
     return {"keyword": dict(eos_token_id=eos, pad_token_id=7),
             "generation_config": dict(generation_config=GenerationConfig(eos_token_id=eos, pad_token_id=7)),
@@ -320,6 +319,8 @@ def test_bad_batches_get_one_line_errors(family):
     other = torch.where(ids == pad, 5, ids)  # padded with another id, named as the call's own pad_token_id
     with pytest.raises(ValueError, match=r"pad token \(5\) but no attention_mask"):
         gen.generate(other, max_new_tokens=4, pad_token_id=5)
+    with pytest.raises(ValueError, match=rf"pad token \({pad}\) but no attention_mask"):  # the model's, merged in
+        gen.generate(ids, max_new_tokens=4, generation_config=GenerationConfig(max_new_tokens=4))
     with pytest.raises(ValueError, match="right padding.*padding_side = 'left'"):
         gen.generate(ids, attention_mask=mask.flip(1), max_new_tokens=4)
     with pytest.raises(ValueError, match="a streamer takes one sequence"):
