@@ -156,7 +156,6 @@ def _unreduced_if_whole(heads: MedusaHeads) -> MedusaHeads:
         state[f"lm_heads.{i}.weight"] = torch.empty_like(rows).index_copy_(0, ids.to(rows.device), rows)
     whole = MedusaHeads(dataclasses.replace(cfg, draft_vocab_size=None))
     whole.load_state_dict(state)
-    whole._shared = heads._shared
     return whole.to(next(heads.parameters()).dtype)
 
 
