@@ -224,8 +224,13 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
            out: Path) -> dict:
     done = out / "eval_metrics.json"
     if cfg.resume and done.is_file() and (out / "model.safetensors").is_file():
-        acc.print(f"{out} already holds this finished run; nothing to do (train.overwrite=true retrains)")
-        return json.loads(done.read_text())
+        try:
+            finished = json.loads(done.read_text())
+        except json.JSONDecodeError:  # written atomically since; an older run's cut file: export from the checkpoint
+            finished = None
+        if finished is not None:
+            acc.print(f"{out} already holds this finished run; nothing to do (train.overwrite=true retrains)")
+            return finished
     set_seed(cfg.seed)
     global_batch = cfg.batch_size * acc.num_processes * cfg.grad_accum
     steps_per_epoch = len(train_data) // global_batch
@@ -260,9 +265,12 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
     sharded = acc.distributed_type == DistributedType.DEEPSPEED  # the only sharded engine make_accelerator allows
 
     step = 0
+    running: dict[str, torch.Tensor] = {}  # the log window's counts (restored with a checkpoint taken inside one)
     last = ckpt.checkpoint_dirs(out / "checkpoints")
     if cfg.resume and last:
         step = _resume(acc, last[-1], unwrapped, optimizer, scheduler, sharded, fsdp)
+        running = {k: torch.tensor(v, dtype=torch.float64, device=acc.device)
+                   for k, v in ckpt.load_state_json(last[-1]).get("running", {}).items()}
         acc.print(f"resumed from {last[-1]} at step {step}/{total_steps}")
     _truncate_metrics(out / METRICS_NAME, step, acc.is_main_process)
     best = BestKeeper(out, cfg.select_best, acc.is_main_process)
@@ -275,7 +283,6 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
                                       evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size, fsdp).items()}}, cfg)
     bar = tqdm(total=total_steps, initial=step, disable=not acc.is_local_main_process, desc="training", unit="step")
     model.train()
-    running: dict[str, torch.Tensor] = {}
     tokens, t0 = 0, time.perf_counter()
     train_tokens, train_start = 0, time.perf_counter()  # this process's tokens since the (re)start
     order, order_epoch = None, -1
@@ -325,7 +332,8 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
             _log(acc, out, {"step": step, **{f"eval/{k}": v for k, v in metrics.items()}}, cfg)
             best.consider(acc, step, metrics, unwrapped, fsdp)
         if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
-            _save(acc, out / "checkpoints", step, unwrapped, optimizer, scheduler, sharded, cfg.keep_checkpoints, fsdp)
+            _save(acc, out / "checkpoints", step, unwrapped, optimizer, scheduler, sharded, cfg.keep_checkpoints, fsdp,
+                  running)
     bar.close()
 
     final = evaluate(acc, method, unwrapped, eval_data, cfg.eval_batch_size, fsdp) if eval_data else {}
@@ -342,7 +350,7 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
         if acc.is_main_process:
             best.load_into(unwrapped, step)  # the fingerprints above are the trained weights'; the export is the best's
             method.export(unwrapped, out, exported)
-            (out / "eval_metrics.json").write_text(json.dumps(exported, indent=2))
+            atomic_write_text(out / "eval_metrics.json", json.dumps(exported, indent=2))  # the finished run's mark
     acc.wait_for_everyone()
     if cfg.trackers:
         acc.end_training()
@@ -350,13 +358,19 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
 
 
 def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, sharded: bool, keep: int,
-          fsdp: bool = False) -> None:
+          fsdp: bool = False, running: dict | None = None) -> None:
     """An atomic checkpoint. DDP: safetensors (rank 0 holds the whole state). Sharded state is
     written by every rank, which needs a filesystem every node shares: FSDP through
     torch.distributed.checkpoint (reshardable), DeepSpeed through ``accelerate.save_state`` (the
-    engine's own format)."""
+    engine's own format). The loop's state goes with it: the scheduler, the fp16 loss scaler's (a resumed
+    run scales as the uninterrupted one would) and the current log window's counts (its first log line
+    averages the same steps)."""
     loop_state = {"step": step, "scheduler": scheduler.state_dict(), "world_size": acc.num_processes,
-                  "distributed_type": _mode(acc, fsdp), "sharded": sharded, "fsdp": fsdp}
+                  "distributed_type": _mode(acc, fsdp), "sharded": sharded, "fsdp": fsdp,
+                  "running": {k: float(v) for k, v in (running or {}).items()}}
+    scaler = getattr(acc, "scaler", None)
+    if scaler is not None and not sharded:  # DeepSpeed's engine keeps its own loss scale in its state
+        loop_state["scaler"] = scaler.state_dict()
     if fsdp:
         ckpt.save_checkpoint(root, step, model_state=None, optimizer=None, loop_state=loop_state,
                              rank=acc.process_index, is_main=acc.is_main_process, keep=keep,
@@ -404,6 +418,9 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
     if not sharded and (rng := ckpt.load_rng(path, acc.process_index)) is not None:
         torch.set_rng_state(rng)  # DeepSpeed's own state restores its RNG
     scheduler.load_state_dict(state["scheduler"])
+    scaler = getattr(acc, "scaler", None)
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
     step = state["step"]
     if world is not None and world != acc.num_processes:
         # keep the examples already seen: the global batch scales with the world size
@@ -451,7 +468,7 @@ def _write_sync_check(acc: Accelerator, out: Path, model: torch.nn.Module, train
     mine = [{"fingerprint": parameter_fingerprint(model), "peak_memory_mb": peak_memory_mb()}]
     ranks = gather_object(mine) if acc.num_processes > 1 else mine
     if acc.is_main_process:
-        (out / "distributed.json").write_text(json.dumps({
+        atomic_write_text(out / "distributed.json", json.dumps({
             "num_processes": acc.num_processes, "distributed_type": _mode(acc, fsdp),
             "zero_stage": zero_stage(acc), "fingerprints": [r["fingerprint"] for r in ranks],
             "peak_memory_mb": [r["peak_memory_mb"] for r in ranks],

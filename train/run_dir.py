@@ -20,7 +20,8 @@ from headway.train import checkpoint as ckpt
 # Fields that may differ when a run is resumed (they do not change what is trained).
 # The world size is checked against each checkpoint instead (a DDP run may resume with another).
 RESUMABLE_DIFFS = {"overwrite", "resume", "log_every", "eval_every", "save_every", "keep_checkpoints", "trackers",
-                   "num_processes", "train_sequences", "heldout_sequences"}
+                   "num_processes", "train_sequences", "heldout_sequences",
+                   "output_dir"}  # the folder itself: spelled another way (relative, absolute) or moved since
 
 
 def config_diff(old: dict, new: dict, ignore=RESUMABLE_DIFFS, prefix: str = "") -> list[str]:
@@ -46,7 +47,7 @@ def output_dir_problem(out: Path, run_config: dict, *, overwrite: bool, resume: 
         return None
     saved = out / RUN_CONFIG_NAME
     if not saved.is_file():
-        if any(out.iterdir()):
+        if any(not _write_leftover(child) for child in out.iterdir()):
             return (f"{out} is not empty and holds no headway run; choose another train.output_dir or pass "
                     "train.overwrite=true")
         return None
@@ -61,6 +62,12 @@ def output_dir_problem(out: Path, run_config: dict, *, overwrite: bool, resume: 
     if not resume and ckpt.checkpoint_dirs(out / "checkpoints"):
         return f"{out} holds checkpoints of this run and train.resume=false; pass train.overwrite=true to start over"
     return None
+
+
+def _write_leftover(path: Path) -> bool:
+    """A temporary file an atomic write of run_config.json left when the process was killed mid-write
+    (``headway.heads.files.atomic_file``'s ``.run_config.json.*``): the run never started, so it does not count."""
+    return path.is_file() and path.name.startswith(f".{RUN_CONFIG_NAME}.")
 
 
 def check_output_dir(out: str | Path, run_config: dict, *, overwrite: bool, resume: bool, ignore=RESUMABLE_DIFFS) -> None:

@@ -75,6 +75,45 @@ def test_two_process_cpu_ddp_stays_in_sync(tmp_path):
     assert any(abs(v) > 0 for v in rank0)
 
 
+def test_a_stop_inside_a_log_window_resumes_its_metrics_and_the_folder_spelled_otherwise(tmp_path, monkeypatch):
+    """A run stopped after a checkpoint taken inside a log window (save_every 4, log_every 5): the rerun's first log
+    line averages the same steps as an uninterrupted run's (the window's counts go with the checkpoint), and it
+    resumes with the folder named by an absolute path where the first run had a relative one."""
+    import headway.train.loop as loop
+
+    args = ["train.max_steps=6", "train.save_every=4", "train.log_every=5", "train.trackers=[]"]
+    train(tiny_cfg(tmp_path / "ref", *args))
+    real = loop._save
+
+    def save_then_stop(*a, **kw):
+        real(*a, **kw)
+        raise RuntimeError("stopped after the checkpoint")
+
+    monkeypatch.setattr(loop, "_save", save_then_stop)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match="stopped"):
+        train(tiny_cfg(Path("run"), *args))
+    monkeypatch.setattr(loop, "_save", real)
+    train(tiny_cfg(tmp_path / "run", *args))  # the same folder, spelled absolute
+    logged = [{k: v for k, v in m.items() if k.startswith("train/")} for m in _metrics(tmp_path / "run") if "loss" in m]
+    want = [{k: v for k, v in m.items() if k.startswith("train/")} for m in _metrics(tmp_path / "ref") if "loss" in m]
+    assert logged == want and len(want) == 2 and want[0]
+
+
+def test_a_kill_while_writing_the_first_run_config_or_the_finished_mark(tmp_path):
+    """A rerun after a kill mid-way through writing run_config.json (its atomic write's temporary file left) starts
+    the run; a finished run's eval_metrics.json cut by a kill (an older, non-atomic write) makes the rerun export
+    again from the newest checkpoint, not fail on the JSON."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".run_config.json.k3x9").write_text('{"mod')
+    args = ["train.max_steps=4", "train.save_every=2", "train.trackers=[]"]
+    done = train(tiny_cfg(out, *args))
+    (out / "eval_metrics.json").write_text(json.dumps(done)[:20])
+    again = train(tiny_cfg(out, *args))
+    assert again == done and json.loads((out / "eval_metrics.json").read_text()) == done
+
+
 def test_output_dir_with_another_run_is_refused(tmp_path):
     out = tmp_path / "run"
     train(tiny_cfg(out, "train.max_steps=3", "train.trackers=[]"))
