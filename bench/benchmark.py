@@ -326,6 +326,8 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = list(results)
+    if not groups:  # nothing was run (no prompts in any group): nothing to draw
+        return
     cols = min(4, len(groups))
     rows = -(-len(groups) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)

@@ -235,7 +235,7 @@ def run_generate(args) -> int:
 
     from headway.heads.registry import saved_kind
     from headway.heads.target import load_target, resolve_device
-    from headway.inference.inputs import check_generation, check_settings
+    from headway.inference.inputs import check_generation, check_settings, fit_context
 
     # bad input fails before any model loads: the same settings checks for plain and speculative decoding
     if args.tree and not (args.drafter or args.prompt_lookup or args.draft_model or args.lookahead):
@@ -267,7 +267,8 @@ def run_generate(args) -> int:
     batch = ids.shape[0] > 1  # several prompts: one batch, each answer printed when all are done (no streaming)
     streamer = None if batch else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     sampling = sampling_of(args)
-    if drafter is None:  # plain decoding: the target's own generate
+    if drafter is None:  # plain decoding: the target's own generate, cut to the context as speculation is
+        args.max_new_tokens = fit_context(target.config, ids.shape[1], args.max_new_tokens)
         if args.seed is not None:
             torch.manual_seed(args.seed)
         kwargs = dict(do_sample=True, **sampling) if args.temperature > 0 else dict(do_sample=False)

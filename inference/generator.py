@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-import warnings
 
 import torch
 
@@ -35,7 +34,8 @@ from headway.inference.processors import apply_processors, prepare_generation
 from headway.inference.tree import Tree, node_path
 from headway.inference.target_forward import check_attention, prefill, resume_forward, tree_forward
 from headway.inference.batch import cut_round
-from headway.inference.inputs import check_generation, check_prompt, check_settings, context_length
+from headway.inference.inputs import (check_call, check_generation, check_prompt, check_settings, context_length,
+                                      fit_context)
 from headway.inference.verify import (LazyProbs, SamplingParams, probs, q_rows, verify_greedy_logits,
                                       verify_sampling, verify_sampling_tensors, verify_typical)
 
@@ -204,6 +204,7 @@ class SpeculativeGenerator:
         tokens, and on a GPU the draft/verify split of the times is the host's view only (``tree="auto"``
         still waits around the verification pass whose cost it learns).
         """
+        check_call(input_ids, generator, streamer)
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 2 and (ids.shape[0] > 1 or attention_mask is not None):
             from headway.inference.batch import check_batch
@@ -456,9 +457,4 @@ class SpeculativeGenerator:
         return path, [tokens[i] for i in path[1:]] + [nxt]
 
     def _fit_context(self, prompt_len: int, max_new_tokens: int) -> int:
-        context = self.context_length()
-        if context is not None and prompt_len + max_new_tokens > context:
-            warnings.warn(f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) exceeds the model's context "
-                          f"({context}); generating at most {context - prompt_len} tokens", stacklevel=3)
-            return context - prompt_len
-        return max_new_tokens
+        return fit_context(self.target.config, prompt_len, max_new_tokens, stacklevel=4)

@@ -3,6 +3,8 @@ generation settings (before any model loads) and the prompt against the target's
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from headway.inference.verify import check_sampling_args
@@ -13,6 +15,30 @@ def check_settings(max_new_tokens: int, temperature: float = 0.0, top_k: int = 0
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens}")
     check_sampling_args(temperature, top_k, top_p)
+
+
+def fit_context(target_config, prompt_len: int, max_new_tokens: int, stacklevel: int = 2) -> int:
+    """``max_new_tokens``, cut (with a warning) so that the prompt and its answer fit the target's positions."""
+    context = context_length(target_config)
+    if context is not None and prompt_len + max_new_tokens > context:
+        warnings.warn(f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) exceeds the model's context "
+                      f"({context}); generating at most {context - prompt_len} tokens", stacklevel=stacklevel)
+        return context - prompt_len
+    return max_new_tokens
+
+
+def check_call(input_ids, generator, streamer) -> None:
+    """A one-line ValueError for a ``generate`` argument of the wrong kind: ids that are not a tensor or list of
+    token ids, a seed where a ``torch.Generator`` goes, a streamer without ``put``/``end``."""
+    if input_ids is None or isinstance(input_ids, (str, bytes)):
+        raise ValueError(f"input_ids must be token ids (a tensor [1, T] / [B, T] or a list of ints), got "
+                         f"{type(input_ids).__name__}: tokenize the text first")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator (e.g. torch.Generator().manual_seed(0)), got "
+                         f"{type(generator).__name__}")
+    if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+        raise ValueError(f"streamer must have put() and end() (e.g. transformers' TextStreamer), got "
+                         f"{type(streamer).__name__}")
 
 
 def context_length(target_config) -> int | None:

@@ -16,6 +16,7 @@ exactly are refused with a message naming them.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -63,10 +64,30 @@ def prepare_generation(model, prompt: torch.Tensor, max_new_tokens: int, samplin
 
     prompt: [T] long. Raises ValueError naming any setting that cannot be honoured exactly.
     """
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise ValueError(f"generation_config must be a transformers GenerationConfig, got {type(generation_config).__name__}"
+                         "; pass settings as keywords instead (e.g. repetition_penalty=1.1)")
+    if logits_processor is not None and (not isinstance(logits_processor, (list, tuple))
+                                         or not all(callable(p) for p in logits_processor)):
+        raise ValueError("logits_processor must be a list of callables (scores = proc(input_ids, scores)), e.g. "
+                         "LogitsProcessorList([...])")
+    asked = kwargs.get("do_sample", None if generation_config is None else generation_config.do_sample)
+    if asked and not sampling:
+        raise ValueError("do_sample=True asks for sampling, but headway samples only when generate's temperature is "
+                         "> 0 (with its top_k and top_p): pass temperature=0.7 (say) instead of do_sample")
+    if asked is None and not sampling and getattr(model.generation_config, "do_sample", False):
+        warnings.warn("the target's generation_config samples (do_sample=True); headway decodes greedily unless "
+                      "generate is given temperature > 0 (and top_k / top_p)", stacklevel=4)
     config, unused = model._prepare_generation_config(generation_config, **kwargs)
     if unused:
         raise ValueError(f"unknown generation setting(s) {sorted(unused)}: pass GenerationConfig fields "
                          "(e.g. repetition_penalty=1.1, no_repeat_ngram_size=3, min_new_tokens=5)")
+    eos = config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else eos.flatten().tolist() if isinstance(eos, torch.Tensor) else \
+        list(eos) if isinstance(eos, (list, tuple)) else eos
+    if eos is not None and (not isinstance(eos_ids, list) or not eos_ids or not all(
+            isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos_ids)):
+        raise ValueError(f"eos_token_id must be a token id or a non-empty list of them (None: never stop), got {eos!r}")
     for name, rest in UNSUPPORTED.items():
         value = getattr(config, name, None)
         if value not in rest:
@@ -93,8 +114,7 @@ def prepare_generation(model, prompt: torch.Tensor, max_new_tokens: int, samplin
         if id(proc) not in own and not isinstance(proc, PURE):
             raise ValueError(f"a generation setting asks for transformers' {type(proc).__name__}, which headway cannot "
                              "apply exactly per tree node; remove that setting from generation_config or the arguments")
-    eos = config.eos_token_id
-    eos = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+    eos = set() if config.eos_token_id is None else set(eos_ids)
     pad = config._pad_token_tensor  # generate's own choice: the merged pad_token_id, else the first EOS id
     return GenerationSetup(processors, eos, None if pad is None else int(pad.reshape(-1)[0]))
 

@@ -37,7 +37,7 @@ class SamplingParams:
 def check_sampling_args(temperature: float, top_k: int, top_p: float) -> None:
     if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
-    if not isinstance(top_k, int) or top_k < 0:
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
         raise ValueError(f"top_k must be an integer >= 0 (0 keeps every token), got {top_k}")
     if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")

@@ -117,6 +117,15 @@ def test_plain_generate_refuses_a_prompt_over_the_context(tmp_path, capsys):  # 
                        "1105 tokens", "context is 1024")
 
 
+def test_plain_generate_cuts_max_new_tokens_to_the_context(capsys):
+    """Without a drafter too, an answer past the context is cut to fit with a warning (it ran on past the model's
+    positions), as the speculative path does."""
+    with pytest.warns(UserWarning, match="exceeds the model's context"):
+        code, out, err = headway(["generate", "--model", TINY, "--prompt", "hi", "--max-new-tokens", "100000000",
+                                  "--no-chat-template"], capsys)
+    assert code in (0, None), err[-2000:]
+
+
 def test_generate_names_the_folder_that_is_not_what_the_flag_takes(tmp_path, medusa_folder, capsys):
     assert_refused(["generate", "--model", medusa_folder, "--prompt", "hi"], capsys, "holds a headway drafter",
                    "--drafter")

@@ -7,6 +7,7 @@ differently); bad batches get one-line errors.
 """
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -324,7 +325,7 @@ def test_bad_batches_get_one_line_errors(family):
     with pytest.raises(ValueError, match="right padding.*padding_side = 'left'"):
         gen.generate(ids, attention_mask=mask.flip(1), max_new_tokens=4)
     with pytest.raises(ValueError, match="a streamer takes one sequence"):
-        gen.generate(ids, attention_mask=mask, max_new_tokens=4, streamer=object())
+        gen.generate(ids, attention_mask=mask, max_new_tokens=4, streamer=SimpleNamespace(put=print, end=print))
     with pytest.raises(ValueError, match=r"longest row \(\d+ tokens\) \+ max_new_tokens"):
         gen.generate(ids, attention_mask=mask, max_new_tokens=target.config.max_position_embeddings)
     with pytest.raises(ValueError, match="attention_mask has shape"):

@@ -75,3 +75,58 @@ def test_check_generation_checks_the_settings_before_the_prompt(config):
         check_generation(config, torch.tensor([[1, 2], [3, 4]]), 0)
     with pytest.raises(ValueError, match="batch size 1"):
         check_generation(config, torch.tensor([[1, 2], [3, 4]]), 4)
+
+
+@pytest.fixture(scope="module")
+def lookup_gen():
+    from transformers import LlamaForCausalLM
+
+    from headway.inference import PromptLookup, SpeculativeGenerator
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=2, num_key_value_heads=1, eos_token_id=None)).eval()
+    return SpeculativeGenerator(target, PromptLookup(), tree="chain-3")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(input_ids=None), "input_ids must be token ids"),
+    (dict(input_ids="hello"), "tokenize the text first"),
+    (dict(generator=1234), "generator must be a torch.Generator"),
+    (dict(streamer=object()), r"streamer must have put\(\) and end\(\)"),
+    (dict(logits_processor=lambda ids, scores: scores), "logits_processor must be a list of callables"),
+    (dict(logits_processor=[5]), "logits_processor must be a list of callables"),
+    (dict(generation_config={"repetition_penalty": 1.1}), "generation_config must be a transformers GenerationConfig"),
+    (dict(eos_token_id=[]), "eos_token_id must be a token id or a non-empty list"),
+    (dict(eos_token_id=3.0), "eos_token_id must be"),
+    (dict(eos_token_id=[[37]]), "eos_token_id must be"),
+    (dict(top_k=True), "top_k must be an integer"),
+    (dict(do_sample=True), "do_sample=True asks for sampling.*temperature"),
+], ids=lambda v: str(v)[:40] if not isinstance(v, dict) else next(iter(v)))
+def test_generate_arguments_of_the_wrong_kind_are_one_line(lookup_gen, kwargs, match):
+    """Arguments a user may mistype reach generate as one ValueError naming the argument, not a traceback from
+    inside transformers or torch; do_sample=True without a temperature is refused, not silently greedy."""
+    from transformers import GenerationConfig
+
+    kwargs = {"input_ids": torch.tensor([[5, 6, 7, 5, 6]]), "max_new_tokens": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        lookup_gen.generate(**kwargs)
+    if "do_sample" in kwargs:
+        with pytest.raises(ValueError, match="do_sample=True asks for sampling"):
+            lookup_gen.generate(kwargs["input_ids"], max_new_tokens=4, generation_config=GenerationConfig(do_sample=True))
+        assert lookup_gen.generate(kwargs["input_ids"], max_new_tokens=4, temperature=0.8, do_sample=True,
+                                   generator=torch.Generator().manual_seed(0)).sequences.shape[1] == 9
+
+
+def test_a_target_that_samples_by_default_is_decoded_greedily_with_a_warning(lookup_gen):
+    """A checkpoint whose generation_config says do_sample=True: headway's generate stays greedy (its documented
+    default: temperature=0) and says so once."""
+    config = lookup_gen.target.generation_config
+    config.do_sample, config.temperature = True, 0.7
+    try:
+        with pytest.warns(UserWarning, match="decodes greedily unless generate is given temperature > 0"):
+            out = lookup_gen.generate(torch.tensor([[5, 6, 7, 5, 6]]), max_new_tokens=4)
+    finally:
+        config.do_sample, config.temperature = False, 1.0
+    want = lookup_gen.target.generate(torch.tensor([[5, 6, 7, 5, 6]]), max_new_tokens=4, do_sample=False)
+    assert torch.equal(out.sequences, want)
