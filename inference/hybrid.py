@@ -57,7 +57,6 @@ class HybridProposer(Proposer):
         self.gated = len(self.drafters) > 1  # tree="auto": retrieval drafts every round, the gate decides the rest
         self._others = [None] * (len(self.drafters) - 1)  # the other drafters' own trees (resolve_tree)
         self._pending = None
-        self._stacked: dict[tuple, Tree] = {}  # stack_drafts' trees by shape: their device tensors built once
 
     def bind(self, target_model) -> None:
         for i, d in enumerate(self.drafters):
@@ -146,7 +145,7 @@ class HybridProposer(Proposer):
         if len(drafts) == 1:
             return drafts[0]
         if ctx.sampling is None and not ctx.scored and drafts[0].tree.pending_parents() is None:
-            return stack_drafts(drafts, self.max_extra_nodes, ids, self._stacked)  # greedy: no read
+            return stack_drafts(drafts, self.max_extra_nodes, ids)  # greedy: no read
         return merge_drafts(drafts, self.max_extra_nodes, ids)
 
     def propose_first(self, ctx: DraftContext) -> Draft:
@@ -197,13 +196,13 @@ def merge_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int] | Non
     return Draft(shaped_tree(parents, name="hybrid"), first.tokens.new_tensor(tokens), scores=scores, sources=sources)
 
 
-def stack_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int], shapes: dict | None = None) -> Draft:
+def stack_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int]) -> Draft:
     """One draft holding every path of ``drafts`` (deterministic, sharing the root) without a read: each other
     draft's first ``max_extra_nodes`` nodes hang below the root beside the first draft's tree, unmerged (a path
     two drafters share appears twice). Greedy verification takes the deepest accepted node, whichever copy, so
     the accepted tokens are ``merge_drafts``' (whose trie needs every draft's tokens on the host: a read a round);
-    only the pass is wider by the shared nodes. ``ids`` name the drafters in ``Draft.sources``; ``shapes`` caches the
-    trees by their parents (a shape's device tensors then built once). Scores are dropped (tree="auto" merges)."""
+    only the pass is wider by the shared nodes. ``ids`` name the drafters in ``Draft.sources``; a shape stacked
+    before is the same tree (``shaped_tree``: its device tensors built once). Scores are dropped (tree="auto" merges)."""
     first = drafts[0]
     parents, sources, tokens = list(first.tree.parents), own_sources(first, ids[0]), [first.tokens]  # [N]
     for d, source in zip(drafts[1:], ids[1:]):
@@ -212,15 +211,7 @@ def stack_drafts(drafts: list[Draft], max_extra_nodes: int, ids: list[int], shap
         parents += [0 if p == 0 else p + base for p in d.tree.parents[1:n]]
         sources += own_sources(d, source)[1:n]
         tokens.append(d.tokens[1:n].to(first.tokens.device))
-    key = tuple(parents)
-    tree = shapes.get(key) if shapes is not None else None
-    if tree is None:
-        tree = Tree(parents, name="hybrid")
-        if shapes is not None:
-            if len(shapes) >= 512:  # retrieval's shapes vary with its matches: keep the cache bounded
-                shapes.clear()
-            shapes[key] = tree
-    return Draft(tree, torch.cat(tokens), sources=sources)
+    return Draft(shaped_tree(parents, name="hybrid"), torch.cat(tokens), sources=sources)
 
 
 def read_drafts(drafts: list[Draft], scored: bool) -> tuple[list[list[int]], list[list[float]] | None]:
