@@ -38,9 +38,9 @@ class KVArena:
     buffers of its own, and compaction then goes layer by layer; once no member is left the arena's tensor is
     freed."""
 
-    def __init__(self, layers: int, capacity: int):
-        self.layers: list["BufferLayer"] = []  # the members, in the cache's order
-        self.size, self.capacity = layers, capacity
+    def __init__(self, capacity: int):
+        self.layers: list["BufferLayer"] = []  # the members, in the cache's order (all join before any write)
+        self.capacity = capacity
         self.data: torch.Tensor | None = None  # [2L, B, Hkv, C, D]
 
     def join(self, layer: "BufferLayer") -> None:
@@ -55,7 +55,7 @@ class KVArena:
         data = self.data
         if data is None:
             b, h, _, d = keys.shape
-            self.data = keys.new_empty(2 * self.size, b, h, max(self.capacity, need), d)
+            self.data = keys.new_empty(2 * len(self.layers), b, h, max(self.capacity, need), d)
         elif data.shape[1:3] != keys.shape[:2] or data.shape[4] != keys.shape[3] or data.dtype != keys.dtype \
                 or data.device != keys.device:
             return False
@@ -74,6 +74,16 @@ class KVArena:
         i = layer.arena_index
         layer._buf["keys"], layer._buf["values"] = self.data[2 * i], self.data[2 * i + 1]
         layer.in_arena = True
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the batch rows ``index`` [B'] long, in that order, every member in one gather: a new tensor of B' rows
+        (the same capacity; the slots any layer holds copied), the old one freed."""
+        data = self.data
+        used = max(max(layer._length.values()) for layer in self.layers)
+        self.data = data.new_empty(data.shape[0], index.shape[0], *data.shape[2:])  # [2L, B', Hkv, C, D]
+        self.data[:, :, :, :used] = data[:, :, :, :used].index_select(1, index.to(data.device))
+        for layer in self.layers:
+            self._point(layer)
 
     def _grow(self, need: int) -> None:
         old = self.data
@@ -209,7 +219,7 @@ def new_cache(model, capacity: int = 0) -> DynamicCache:
         buffered = [layer for layer in cache.layers if isinstance(layer, BufferLayer)]
         spread = len(set(map(str, (getattr(model, "hf_device_map", None) or {}).values()))) > 1
         if not spread:  # one arena on one device; a model split over devices keeps each layer's buffers apart
-            arena = KVArena(len(buffered), capacity)
+            arena = KVArena(capacity)
             for layer in buffered:
                 arena.join(layer)
     else:
@@ -239,13 +249,13 @@ def compact_cache(cache, start: int, keep: Sequence[int], written: int) -> None:
         src = torch.tensor([k + start for k in keep[moved:]], dtype=torch.long,
                            device=cache.layers[0].keys.device)  # [kept - moved]
         data = arena_of(cache)
-        layers = [] if data is not None else cache.layers
         if data is not None:  # [2L, B, Hkv, C, D]: every layer at once
             data[:, :, :, start + moved:start + kept] = data.index_select(3, src)
-        for layer in layers:
-            for buf in layer_buffers(layer):  # [B, Hkv, T or capacity, D]
-                # index_select copies first, so overlapping ranges are safe
-                buf[:, :, start + moved:start + kept] = buf.index_select(2, src)
+        else:
+            for layer in cache.layers:
+                for buf in layer_buffers(layer):  # [B, Hkv, T or capacity, D]
+                    # index_select copies first, so overlapping ranges are safe
+                    buf[:, :, start + moved:start + kept] = buf.index_select(2, src)
     if written > kept:
         cache.crop(-(written - kept))
 
@@ -274,12 +284,13 @@ def compact_rows(cache, start: int, keep: Sequence[Sequence[int]], written: int)
         if data is not None:  # [2L, B, Hkv, C, D]: every layer at once
             index = src[None, :, None, :, None].expand(data.shape[0], -1, data.shape[2], -1, data.shape[4])
             data[:, :, :, start:start + longest] = data.gather(3, index)
-        for layer in [] if data is not None else cache.layers:
-            b, h, _, d = layer.keys.shape  # keys/values: [B, Hkv, T, D]
-            index = src[:, None, :, None].expand(b, h, longest, d)
-            # gather copies first, so overlapping ranges are safe
-            layer.keys[:, :, start:start + longest] = layer.keys.gather(2, index)
-            layer.values[:, :, start:start + longest] = layer.values.gather(2, index)
+        else:
+            for layer in cache.layers:
+                b, h, _, d = layer.keys.shape  # keys/values: [B, Hkv, T, D]
+                index = src[:, None, :, None].expand(b, h, longest, d)
+                # gather copies first, so overlapping ranges are safe
+                layer.keys[:, :, start:start + longest] = layer.keys.gather(2, index)
+                layer.values[:, :, start:start + longest] = layer.values.gather(2, index)
     if written > longest:
         cache.crop(-(written - longest))
     return longest
@@ -289,16 +300,10 @@ def select_rows(cache, index: torch.Tensor) -> None:
     """Keep the batch rows ``index`` [B'] long, in that order (transformers' ``batch_select_indices``): through the
     arena one gather for every layer, the layers staying in it (a new arena tensor of B' rows, the old one freed),
     so the batch's later compactions stay one call; else layer by layer."""
-    data = arena_of(cache)
-    if data is None:
+    if arena_of(cache) is None:
         cache.batch_select_indices(index)
-        return
-    arena = cache.layers[0].arena
-    used = max(max(layer._length.values()) for layer in arena.layers)  # slots any layer holds
-    arena.data = data.new_empty(data.shape[0], index.shape[0], *data.shape[2:])  # [2L, B', Hkv, C, D]
-    arena.data[:, :, :, :used] = data[:, :, :, :used].index_select(1, index.to(data.device))
-    for layer in arena.layers:
-        arena._point(layer)
+    else:
+        cache.layers[0].arena.select(index)
 
 
 def hidden_where(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
