@@ -219,7 +219,7 @@ class SpeculativeGenerator:
         prompt = check_generation(self.target.config, ids, max_new_tokens, temperature, top_k, top_p)
         device = self.device  # once: the property walks the target's parameters
         prompt = prompt.to(device)
-        max_new_tokens = self._fit_context(prompt.shape[0], max_new_tokens)
+        max_new_tokens = fit_context(self.target.config, prompt.shape[0], max_new_tokens, stacklevel=3)
         sampling = SamplingParams(temperature, top_k, top_p) if temperature > 0 else None
         setup = prepare_generation(self.target, prompt, max_new_tokens, sampling is not None, generation_config,
                                    logits_processor, **generation_kwargs)
@@ -455,6 +455,3 @@ class SpeculativeGenerator:
             observer.observe_outputs(draft, read[2 + n:2 + 2 * n], tokens)
         path = node_path(tree.parents, leaf)
         return path, [tokens[i] for i in path[1:]] + [nxt]
-
-    def _fit_context(self, prompt_len: int, max_new_tokens: int) -> int:
-        return fit_context(self.target.config, prompt_len, max_new_tokens, stacklevel=4)

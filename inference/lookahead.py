@@ -125,7 +125,8 @@ class Lookahead(Proposer):
         # a raw confidence per node for tree="auto" (which calibrates it against acceptance): a pool candidate's
         # nodes 0.5 / (rank + 1), the window's 0.1 (a Jacobi guess is rarely right), the root 1
         weights = [0.5 / (rank + 1) for rank in range(len(conts))] + [0.1]
-        return Draft(shaped_tree(parents, name="lookahead"), tokens, scores=trie_scores(branches, weights, parents, node_tokens))
+        return Draft(shaped_tree(parents, name="lookahead"), tokens,
+                     scores=trie_scores(branches, weights, parents, node_tokens))
 
     def _guesses(self, host: list[int], length: int, width: int) -> list[int]:
         """The window for positions length .. length + width - 1: the last Jacobi step's outputs where it has
