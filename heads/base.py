@@ -201,6 +201,12 @@ class DraftVocabulary:
         """Target ids of the draft vocabulary ([V'] long), or None for the full vocabulary."""
         return None if self.d2t is None else self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)
 
+    @property
+    def reduces_vocabulary(self) -> bool:
+        """Whether the draft vocabulary leaves target tokens out (a ``d2t`` over all of them only reorders them: a
+        layout without a draft vocabulary holds such a drafter unreduced)."""
+        return self.d2t is not None and len(self.d2t) < self.config.vocab_size
+
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map indices into the drafter's logits to target token ids."""
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]

@@ -38,7 +38,6 @@ headway block, z-lab's ``num_target_layers``, a verifier that is a local folder)
 from __future__ import annotations
 
 import dataclasses
-
 import warnings
 from pathlib import Path
 
@@ -127,7 +126,7 @@ def export_dflash(head: DFlashHead, out_dir, fmt: str, *, target_name_or_path: s
     cfg = head.config
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
     if head.d2t is not None and fmt == "z-lab":
-        if cfg.draft_vocab_size < cfg.vocab_size:
+        if head.reduces_vocabulary:
             raise ValueError(f"this DFlash head scores a draft vocabulary of {cfg.draft_vocab_size} tokens, which "
                              "z-lab's layout cannot hold (its drafters score the target's whole vocabulary); export it "
                              "as 'speculators'")

@@ -485,7 +485,7 @@ def read_layout(path, fmt: str, model, *, num_target_layers: int | None = None,
 def write_layout(head: EagleHead, out, fmt: str, model, *, overwrite: bool = False, widen_vocab: bool = False,
                  with_embeddings: bool = False, speculative_tokens: int = 3, target_name_or_path: str | None = None,
                  **options) -> Path:
-    if fmt == "eagle" and head.d2t is not None and head.config.output_size < head.config.vocab_size and not widen_vocab:
+    if fmt == "eagle" and head.reduces_vocabulary and not widen_vocab:
         raise ValueError(f"the 'eagle' layout has no reduced draft vocabulary but this EAGLE-1 head scores "
                          f"{head.config.draft_vocab_size} of {head.config.vocab_size} tokens; keep it in "
                          "'headway', or pass widen_vocab=True (--widen-vocab) to score the whole vocabulary")

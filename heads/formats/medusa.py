@@ -146,7 +146,7 @@ def _unreduced_if_whole(heads: MedusaHeads) -> MedusaHeads:
     as token i), and the other layouts have no reduced vocabulary at all. Own projections get their rows in target
     id order (draft row i is token ``draft_token_ids[i]``, a permutation of the vocabulary here)."""
     cfg = heads.config
-    if not cfg.draft_vocab_size or cfg.draft_vocab_size != cfg.vocab_size:
+    if heads.d2t is None or heads.reduces_vocabulary:
         return heads
     heads.check_draft_vocab()  # distinct ids in range: as many as the vocabulary, so a permutation of it
     ids = heads.draft_token_ids.cpu()
