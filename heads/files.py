@@ -36,13 +36,22 @@ def share(path) -> None:
             os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
+def atomic_leftover(path: Path, name: str) -> bool:
+    """Whether ``path`` is a temporary file :func:`atomic_file` left beside ``name`` (its process killed mid-write)."""
+    return path.is_file() and path.name.startswith(_temporary_prefix(name))
+
+
+def _temporary_prefix(name: str) -> str:
+    return f".{name}."
+
+
 @contextmanager
 def atomic_file(path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write; when the block ends without an error, the file is
     shared (see :func:`share`) and moved onto ``path``; otherwise it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path.name), dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)

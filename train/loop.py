@@ -268,9 +268,7 @@ def _train(acc: Accelerator, cfg: TrainConfig, method: Method, train_data, eval_
     running: dict[str, torch.Tensor] = {}  # the log window's counts (restored with a checkpoint taken inside one)
     last = ckpt.checkpoint_dirs(out / "checkpoints")
     if cfg.resume and last:
-        step = _resume(acc, last[-1], unwrapped, optimizer, scheduler, sharded, fsdp)
-        running = {k: torch.tensor(v, dtype=torch.float64, device=acc.device)
-                   for k, v in ckpt.load_state_json(last[-1]).get("running", {}).items()}
+        step, running = _resume(acc, last[-1], unwrapped, optimizer, scheduler, sharded, fsdp)
         acc.print(f"resumed from {last[-1]} at step {step}/{total_steps}")
     _truncate_metrics(out / METRICS_NAME, step, acc.is_main_process)
     best = BestKeeper(out, cfg.select_best, acc.is_main_process)
@@ -389,10 +387,11 @@ def _save(acc: Accelerator, root: Path, step: int, model, optimizer, scheduler, 
                                                                 exclude_frozen_parameters=True))
 
 
-def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: bool, fsdp: bool = False) -> int:
-    """Restore a checkpoint written by ``_save``; returns its step. A DeepSpeed checkpoint needs the
-    same world size and engine; a DDP one (the whole state) or an FSDP one (reshardable shards)
-    resumes with any world size."""
+def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: bool,
+            fsdp: bool = False) -> tuple[int, dict[str, torch.Tensor]]:
+    """Restore a checkpoint written by ``_save``; returns its step and its log window's counts. A DeepSpeed
+    checkpoint needs the same world size and engine; a DDP one (the whole state) or an FSDP one (reshardable
+    shards) resumes with any world size."""
     state = ckpt.load_state_json(path)
     world, kind = state.get("world_size"), state.get("distributed_type")
     if state.get("fsdp", False) != fsdp:
@@ -431,7 +430,9 @@ def _resume(acc: Accelerator, path: Path, model, optimizer, scheduler, sharded: 
         acc.print(f"note: {path} was written by {world} process(es) at step {state['step']}; resuming with "
                   f"{acc.num_processes} at step {step} (the same examples seen; "
                   f"{'its FSDP shards are resharded' if fsdp else 'a DDP checkpoint holds the whole state'})")
-    return step
+    running = {k: torch.tensor(v, dtype=torch.float64, device=acc.device)
+               for k, v in state.get("running", {}).items()}
+    return step, running
 
 
 def _mode(acc: Accelerator, fsdp: bool) -> str:

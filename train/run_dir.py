@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from headway.heads.hub.card import RUN_CONFIG_NAME
-from headway.heads.files import atomic_write_text
+from headway.heads.files import atomic_leftover, atomic_write_text
 from headway.train import checkpoint as ckpt
 
 # Fields that may differ when a run is resumed (they do not change what is trained).
@@ -47,7 +47,8 @@ def output_dir_problem(out: Path, run_config: dict, *, overwrite: bool, resume: 
         return None
     saved = out / RUN_CONFIG_NAME
     if not saved.is_file():
-        if any(not _write_leftover(child) for child in out.iterdir()):
+        # a temporary file of run_config.json's atomic write (killed mid-write): the run never started
+        if any(not atomic_leftover(child, RUN_CONFIG_NAME) for child in out.iterdir()):
             return (f"{out} is not empty and holds no headway run; choose another train.output_dir or pass "
                     "train.overwrite=true")
         return None
@@ -62,12 +63,6 @@ def output_dir_problem(out: Path, run_config: dict, *, overwrite: bool, resume: 
     if not resume and ckpt.checkpoint_dirs(out / "checkpoints"):
         return f"{out} holds checkpoints of this run and train.resume=false; pass train.overwrite=true to start over"
     return None
-
-
-def _write_leftover(path: Path) -> bool:
-    """A temporary file an atomic write of run_config.json left when the process was killed mid-write
-    (``headway.heads.files.atomic_file``'s ``.run_config.json.*``): the run never started, so it does not count."""
-    return path.is_file() and path.name.startswith(f".{RUN_CONFIG_NAME}.")
 
 
 def check_output_dir(out: str | Path, run_config: dict, *, overwrite: bool, resume: bool, ignore=RESUMABLE_DIFFS) -> None:
