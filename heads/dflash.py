@@ -50,8 +50,6 @@ class DFlashConfig(EagleConfig):
         if self.normalize_features or self.store_embeddings or self.fc_bias:
             raise ValueError("DFlash reads the target's own embedding and scores through its lm_head with a bias-free "
                              "fc: drop normalize_features, store_embeddings and fc_bias")
-        if self.num_layers < 1:
-            raise ValueError(f"DFlash num_layers must be >= 1, got {self.num_layers}")
         if self.block_size < 2:
             raise ValueError(f"DFlash block_size must be >= 2 (the anchor and at least one mask slot), got "
                              f"{self.block_size}")

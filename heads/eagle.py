@@ -8,7 +8,9 @@
   layers low/mid/high, fused by ``fc`` (3H -> H); the attention reads
   ``[input_layernorm(emb); hidden_norm(h)]`` (2H wide), the residual runs on h, then ``norm`` and
   an own trainable ``lm_head`` over a reduced draft vocabulary with ``d2t`` / ``t2d``. Tensors
-  ``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t``, ``t2d`` (the official / SGLang names).
+  ``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t``, ``t2d`` (the official / SGLang names). With
+  ``num_layers`` N > 1 (speculators' ``num_hidden_layers``; P-EAGLE's published drafters have 4) plain
+  pre-norm Llama layers ``layers.1`` .. ``layers.{N-1}`` follow ``midlayer``, each with its own KV cache.
 
 The token embedding is the target's, frozen and bound at run time (``bind_target``), not stored
 unless ``store_embeddings``. The step function ``forward(input_ids, hidden, position_ids, ...)``
@@ -31,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headway.heads.base import Drafter, DrafterConfig, DraftVocabulary, check_target_compatible
-from headway.heads.eagle_layer import DraftCache, Eagle3Layer, EagleLayer, TTTKeys
+from headway.heads.eagle_layer import DraftCache, Eagle3Layer, EagleLayer, PlainLayer, TTTKeys
 from headway.heads.target.features import check_depth, check_feature_layers
 
 
@@ -66,9 +68,11 @@ class EagleConfig(DrafterConfig):
     # EAGLE-3.1: an RMSNorm on each captured layer's state before ``fc`` (``fc_norm.{i}``), and the post-norm
     # state (the one the lm_head reads) fed to the next step; vLLM/speculators' fc_norm + norm_output
     normalize_features: bool = False
+    # EAGLE-3's decoder layers: midlayer (2H-wide attention over [emb; h]) then num_layers - 1 plain pre-norm ones
+    num_layers: int = 1
 
     drafter_type_name = "eagle"
-    later_fields = ("normalize_features",)  # absent before EAGLE-3.1: an EAGLE-3 (or EAGLE-1) drafter
+    later_fields = ("normalize_features", "num_layers")  # absent in older configs: their defaults
 
     def __post_init__(self):
         super().__post_init__()
@@ -88,6 +92,11 @@ class EagleConfig(DrafterConfig):
         if self.normalize_features and self.version != 3:
             raise ValueError("normalize_features (EAGLE-3.1) normalises each of EAGLE-3's fused feature layers; "
                              "EAGLE-1 reads one final-norm feature: set version=3 or normalize_features=false")
+        if not isinstance(self.num_layers, int) or isinstance(self.num_layers, bool) or self.num_layers < 1:
+            raise ValueError(f"num_layers must be an integer >= 1, got {self.num_layers!r}")
+        if self.num_layers > 1 and self.version != 3:
+            raise ValueError(f"EAGLE-1 has one decoder layer (the official layout's layers.0), got "
+                             f"num_layers={self.num_layers}; set version=3 or num_layers=1")
         if self.fc_bias is None:
             self.fc_bias = self.version == 1
         if self.head_dim is None:
@@ -221,7 +230,8 @@ class EagleHead(Fp32Rope, DraftVocabulary, Drafter):
         fields = {**target_layer_fields(target_model), "version": cls.version or 3}
         if config is not None:
             fields.update({k: getattr(config, k) for k in ("version", "feature_layers", "draft_vocab_size",
-                                                           "fc_bias", "store_embeddings", "normalize_features")})
+                                                           "fc_bias", "store_embeddings", "normalize_features",
+                                                           "num_layers")})
             if config.fc_bias == (config.version == 1):
                 fields["fc_bias"] = None  # the version's default
         if version is not None:
@@ -299,7 +309,27 @@ class EagleHead(Fp32Rope, DraftVocabulary, Drafter):
         emb = self.embed(input_ids)
         hidden = hidden.to(emb.dtype)
         cos, sin = self.rotary_emb(hidden, position_ids)
-        return self.step_output(self.layer(self.step_input(emb, hidden), emb, cos, sin, attention_mask, cache, ttt))
+        return self.step_output(self.decode(self.step_input(emb, hidden), emb, cos, sin, attention_mask, cache, ttt))
+
+    @property
+    def decoder_layers(self) -> list[EagleLayer]:
+        """The decoder layers in order (``layer`` first)."""
+        return [self.layer]
+
+    def decode(self, x, emb, cos, sin, mask=None, cache: DraftCache | None = None, ttt: TTTKeys | None = None):
+        """The decoder layers over x [B, T, H] (each its own layer of ``cache`` and ``ttt``) -> [B, T, H]."""
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, emb, cos, sin, mask, None if cache is None else cache.layer(i),
+                      None if ttt is None else ttt.layer(i))
+        return x
+
+    def write_context(self, x, emb, cos, sin, cache: DraftCache) -> None:
+        """Context positions whose outputs nobody reads, into ``cache``: the last layer writes only their
+        keys/values; the layers before it run whole (the next one reads their outputs), causally after the cache."""
+        *before, last = self.decoder_layers
+        for i, layer in enumerate(before):
+            x = layer(x, emb, cos, sin, None, cache.layer(i))
+        last.write_context(x, emb, cos, sin, cache.layer(len(before)))
 
     def step_output(self, h: torch.Tensor) -> torch.Tensor:
         """The decoder layer's output [..., H] -> the step's output (fed back and scored); as it is by default."""
@@ -319,7 +349,7 @@ class EagleHead(Fp32Rope, DraftVocabulary, Drafter):
             emb = self.embed(input_ids[:, :cut])
             ctx = hidden[:, :cut].to(emb.dtype)
             cos, sin = self.rotary_emb(ctx, position_ids[:, :cut])
-            self.layer.write_context(self.step_input(emb, ctx), emb, cos, sin, cache)
+            self.write_context(self.step_input(emb, ctx), emb, cos, sin, cache)
         return self(input_ids[:, cut:], hidden[:, cut:], position_ids[:, cut:], cache=cache)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -396,12 +426,18 @@ class Eagle3Head(EagleHead):
             self.fc_norm = nn.ModuleList([LlamaRMSNorm(h, eps=config.rms_norm_eps) for _ in config.feature_layers])
         self.fc = nn.Linear(config.feature_width, h, bias=config.fc_bias)
         self.midlayer = Eagle3Layer(config)
+        if config.num_layers > 1:  # named layers.1 .. layers.{N-1}, after midlayer (the published P-EAGLE drafters')
+            self.layers = nn.ModuleDict({str(i): PlainLayer(config) for i in range(1, config.num_layers)})
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.output_size, bias=False)
 
     @property
     def layer(self) -> Eagle3Layer:
         return self.midlayer
+
+    @property
+    def decoder_layers(self) -> list[EagleLayer]:
+        return [self.midlayer, *(self.layers.values() if self.config.num_layers > 1 else ())]
 
     def _copy_from_target(self, target_model) -> None:
         weight = target_model.get_output_embeddings().weight

@@ -29,8 +29,9 @@ def write_slots(buffer: torch.Tensor | None, start: int, new: torch.Tensor, capa
 
 
 class DraftCache:
-    """The drafter's own key/value cache (one layer): ``[B, Hkv, S, D]`` views of buffers that double when
-    full (an append writes its new slots only, never copies the cache), cropped on roll-back.
+    """The drafter's own key/value cache: ``[B, Hkv, S, D]`` views of buffers that double when full (an append
+    writes its new slots only, never copies the cache), cropped on roll-back. It is its first layer's; a drafter of
+    several layers keeps each later one's in ``layer(i)``, which crops, reserves, advances and stacks with it.
 
     ``slots`` (a [T] long tensor, normally None) makes ``append`` write its T entries at those slots and return
     the buffers' first ``span`` slots: a step with fixed shapes whatever the length (a CUDA graph's,
@@ -44,12 +45,27 @@ class DraftCache:
         self._length = 0
         self.slots: torch.Tensor | None = None
         self.span: int | None = None  # with ``slots``: the buffer's first ``span`` slots are returned
+        self._deeper: list[DraftCache] = []  # layers 1, 2, ..: their own caches, created when first asked for
+
+    def layer(self, i: int) -> "DraftCache":
+        """Layer ``i``'s cache (0: this one), as long as this one's (a new layer's starts with this one)."""
+        if i == 0:
+            return self
+        while len(self._deeper) < i:
+            self._deeper.append(DraftCache())
+        out = self._deeper[i - 1]
+        out.slots, out.span = self.slots, self.span
+        return out
+
+    def _all(self) -> list["DraftCache"]:
+        return [self, *self._deeper]
 
     @classmethod
     def reusing(cls, other: "DraftCache") -> "DraftCache":
         """An empty cache on ``other``'s buffers (a captured step keeps writing where it was captured)."""
         out = cls()
         out._keys, out._values = other._keys, other._values
+        out._deeper = [cls.reusing(d) for d in other._deeper]
         return out
 
     @property
@@ -58,6 +74,8 @@ class DraftCache:
 
     def reserve(self, size: int) -> None:
         """Make room for ``size`` slots (doubling, the first ``len`` kept); needs a first append."""
+        for deeper in self._deeper:
+            deeper.reserve(size)
         if self._keys is not None and self.capacity < size:
             size = max(size, 2 * self.capacity)
             for name in ("_keys", "_values"):
@@ -68,7 +86,8 @@ class DraftCache:
 
     def advance(self, n: int) -> None:
         """Count ``n`` entries written through ``slots`` right after the cached ones."""
-        self._length += n
+        for cache in self._all():
+            cache._length += n
 
     @property
     def keys(self) -> torch.Tensor | None:
@@ -92,13 +111,28 @@ class DraftCache:
         return self.keys, self.values
 
     def crop(self, length: int) -> None:
-        self._length = min(self._length, length)
+        for cache in self._all():
+            cache._length = min(cache._length, length)
+
+    def append_row(self, source: "DraftCache", row: int, start: int, count: int) -> None:
+        """Append ``source``'s row ``row``, slots start .. start + count - 1, in every layer (a batch's stacked
+        pass handing each row's new entries back to its own cache)."""
+        for i, theirs in enumerate(source._all()):
+            self.layer(i).append(theirs._keys[row:row + 1, :, start:start + count],
+                                 theirs._values[row:row + 1, :, start:start + count])
 
     @classmethod
     def stacked(cls, caches: list["DraftCache"], room: int = 0) -> tuple["DraftCache", torch.Tensor]:
         """One cache of B = len(caches) rows holding each one-row cache's entries in its row's first slots
         (room for ``room`` more per row), and valid [B, S] bool: the slots a row's entries fill (S the
         longest; the rest of a shorter row must be masked out). Every cache holds at least one entry."""
+        out, valid = cls._stacked_layer(caches, room)
+        out._deeper = [cls._stacked_layer([c.layer(i) for c in caches], room)[0]
+                       for i in range(1, 1 + max(len(c._deeper) for c in caches))]
+        return out, valid
+
+    @classmethod
+    def _stacked_layer(cls, caches: list["DraftCache"], room: int) -> tuple["DraftCache", torch.Tensor]:
         lengths = [len(c) for c in caches]
         s, like = max(lengths), caches[lengths.index(max(lengths))]._keys  # [1, Hkv, C, D]
         out = cls()
@@ -178,6 +212,15 @@ class TTTKeys:
 
     def __init__(self):
         self.steps: list = []
+        self._deeper: list[TTTKeys] = []  # a drafter of several layers: layer i's steps in layer(i)
+
+    def layer(self, i: int) -> "TTTKeys":
+        """Layer ``i``'s steps (0: these)."""
+        if i == 0:
+            return self
+        while len(self._deeper) < i:
+            self._deeper.append(TTTKeys())
+        return self._deeper[i - 1]
 
     def append(self, kv) -> None:
         self.steps.append(kv)
@@ -254,3 +297,18 @@ class Eagle3Layer(EagleLayer):
     def attention_input(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         # x, emb: [B, T, H] -> [B, T, 2H]
         return torch.cat([self.input_layernorm(emb), self.hidden_norm(x)], dim=-1)
+
+
+class PlainLayer(EagleLayer):
+    """A later decoder layer of an EAGLE-3 drafter of several (layers 1 .. N-1; speculators' ``num_hidden_layers``,
+    P-EAGLE's published drafters have 4): a standard Llama pre-norm layer, q/k/v reading ``input_layernorm(x)``
+    (H wide), the residual on x; the token embedding enters at the first layer only."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def attention_input(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        return self.input_layernorm(x)  # [B, T, H]

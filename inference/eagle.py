@@ -87,6 +87,9 @@ class EagleProposer(Proposer):
     def use_graphs(self, backend, strict: bool = False) -> str | None:
         """Capture each single-row tree level (a static tree's, a dynamic tree's) per width with ``backend``
         (``inference.graphs``); the catch-up, the root's projection and a batch's stacked levels stay eager."""
+        if self.head.config.num_layers > 1:
+            return (f"an EAGLE-3 drafter of {self.head.config.num_layers} layers is not captured in a graph (the "
+                    "captured step writes one layer's cache)")
         self._graphs = EagleStepGraphs(self.head, backend, strict)
         self._cache = DraftCache()
         return None
@@ -280,7 +283,7 @@ def catch_up_rows(requests: list[CatchUp]) -> list[torch.Tensor]:
         mask[row, 0, torch.arange(n, width), s + torch.arange(n, width)] = 0.0  # padding: itself only
     out = head(tokens, stacked, positions, attention_mask=mask, cache=cache)  # [B, W, H]
     for row, (p, m) in enumerate(zip(rows, news)):
-        p._cache.append(cache._keys[row:row + 1, :, s:s + m], cache._values[row:row + 1, :, s:s + m])
+        p._cache.append_row(cache, row, s, m)
         p._seen += m
     return [out[row, m - 1:n] for row, (m, n) in enumerate(zip(news, sizes))]
 

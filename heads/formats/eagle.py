@@ -11,6 +11,13 @@ Three layouts (``fmt``), each one folder with ``config.json`` and ``model.safete
   (``speculators_model_type: "eagle3"``): tensors ``fc.weight``, ``layers.0.*``, ``norm.weight``,
   ``lm_head.weight`` and ``d2t``/``t2d`` when the vocabulary is reduced.
 
+An EAGLE-3 drafter of N > 1 layers (``num_layers``; ``num_hidden_layers`` in the config) has plain pre-norm layers
+``layers.1`` .. ``layers.{N-1}`` (no ``hidden_norm``, H-wide attention) after the first: speculators builds them
+so and vLLM's ``Eagle3LlamaForCausalLM`` reads them (its layer 0 reads 2H, the others H). Only "speculators"
+exports them (SGLang's EAGLE-3 model has one ``midlayer``); import also reads a flat config whose first layer is
+``midlayer.*`` and the rest ``layers.{i}.*`` (vLLM maps ``midlayer.`` to ``layers.0.``), and ``midlayer.*`` in a
+speculators folder.
+
 Target layer ids. headway's ``feature_layers`` use transformers' ``hidden_states`` numbering: id i
 (0 <= i < L) is the residual stream ENTERING decoder layer i (0: the embedding output) and id L is
 the output of the final norm. The engines number the same streams differently:
@@ -60,7 +67,8 @@ from headway.heads.peagle import PEagleConfig, PEagleHead
 from headway.heads.formats import speculators
 from headway.heads.formats.folder import (check_tensors, headway_block, local_model_config, open_folder, pick_field,
                                           read_config, read_keys, text_config, write_folder)
-from headway.heads.formats.llama_layer import (EAGLE3_LAYER_KEYS, LAYER_KEYS, from_engine_layer_ids, layer_shapes,
+from headway.heads.formats.llama_layer import (EAGLE3_LAYER_KEYS, LAYER_KEYS, deeper_layer_shapes,
+                                               deeper_layer_tensors, from_engine_layer_ids, layer_shapes,
                                                llama_fields, parse_llama_config, sorted_features,
                                                to_engine_layer_ids, warn_inexact_layers)
 from headway.heads.formats.speculators import SPECULATORS_VERSION
@@ -167,6 +175,9 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
         raise ValueError("this head is EAGLE-3.1 (normalize_features: a norm per feature layer, post-norm states fed "
                          "back); the 'sglang' layout has neither: export it as 'speculators' (vLLM's fc_norm + "
                          "norm_output)")
+    if fmt == "sglang" and cfg.num_layers > 1:
+        raise ValueError(f"this EAGLE-3 head has {cfg.num_layers} decoder layers; SGLang's EAGLE-3 model has one "
+                         "(midlayer): export it as 'speculators' (vLLM reads num_hidden_layers layers)")
     if fmt == "sglang" and len(cfg.feature_layers) != 3:
         raise ValueError(f"SGLang and vLLM read exactly 3 target layers for EAGLE-3 (fc is 3 x hidden wide); "
                          f"this head reads {len(cfg.feature_layers)} ({cfg.feature_layers})")
@@ -178,6 +189,7 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
         order = sorted(range(len(cfg.feature_layers)), key=lambda j: cfg.feature_layers[j])
         tensors.update({f"fc_norm.{i}.weight": state[f"fc_norm.{j}.weight"] for i, j in enumerate(order)})
     tensors.update({prefix + k: state[f"midlayer.{k}"] for k in EAGLE3_LAYER_KEYS})
+    tensors.update(deeper_layer_tensors(state, cfg.num_layers))
     tensors["norm.weight"] = state["norm.weight"]
     tensors["lm_head.weight"] = state["lm_head.weight"]
     if speculators.is_peagle(cfg):
@@ -366,7 +378,7 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
         if arch:
             raise ValueError(f"{path}: architectures {arch} are not an EAGLE-3 Llama drafter "
                              f"(expected {EAGLE3_ARCHITECTURE!r})")
-        fields = parse_llama_config(path, config, "the EAGLE-3 config")
+        fields = parse_llama_config(path, config, "the EAGLE-3 config", many_layers=True)
         if config.get("norm_before_residual"):
             raise ValueError(f"{path} sets norm_before_residual; headway's EAGLE-3 residual runs on the raw hidden "
                              "state (norm_before_residual false)")
@@ -398,7 +410,12 @@ def _parse_eagle3(folder, fmt, config, weights, depth_kw, base_kw, layers_kw):
     if draft is not None and int(draft) != lm_rows:
         raise ValueError(f"{path} says draft_vocab_size {draft} but lm_head.weight has {lm_rows} rows")
     expected = {"fc.weight": (h, len(layers) * h), "norm.weight": (h,), "lm_head.weight": (lm_rows, h)}
+    if fmt == "speculators" and any(k.startswith("midlayer.") for k in weights):  # vLLM reads it as layers.0.
+        if any(k.startswith(prefix) for k in weights):
+            raise ValueError(f"{folder / WEIGHTS_NAME} holds both midlayer.* and {prefix}* tensors: one first layer")
+        weights = {(prefix + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in weights.items()}
     expected.update({prefix + k: s for k, s in layer_shapes(fields, 2 * h).items()})
+    expected.update(deeper_layer_shapes(fields, fields["num_layers"]))
     if fmt == "speculators" and peagle:
         own = speculators.peagle_fields(path, config, weights, len(layers) * h)
         expected["mask_hidden"] = (len(layers) * h,)

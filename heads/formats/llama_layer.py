@@ -1,5 +1,5 @@
-"""What the EAGLE layouts share: the drafter's one-layer Llama config (written and read), its tensor
-names and shapes, and the target layer ids in each engine's numbering (see ``headway.heads.formats.eagle``
+"""What the EAGLE layouts share: the drafter's Llama config (written and read; one layer, or an EAGLE-3 drafter's
+several: ``num_hidden_layers``), its tensor names and shapes, and the target layer ids in each engine's numbering (see ``headway.heads.formats.eagle``
 for the sources)."""
 
 from __future__ import annotations
@@ -15,7 +15,20 @@ from headway.heads.formats.folder import dtype_name
 LAYER_KEYS = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
               "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
               "post_attention_layernorm.weight"]
-EAGLE3_LAYER_KEYS = LAYER_KEYS + ["input_layernorm.weight", "hidden_norm.weight"]
+PLAIN_LAYER_KEYS = LAYER_KEYS + ["input_layernorm.weight"]  # an EAGLE-3 drafter's layers after the first
+EAGLE3_LAYER_KEYS = PLAIN_LAYER_KEYS + ["hidden_norm.weight"]
+
+
+def deeper_layer_tensors(state: dict, num_layers: int) -> dict:
+    """An EAGLE-3 head's layers after the first (``layers.{i}.*``, i = 1 .. N-1: the names speculators, vLLM and
+    headway share), from its state dict."""
+    return {f"layers.{i}.{k}": state[f"layers.{i}.{k}"] for i in range(1, num_layers) for k in PLAIN_LAYER_KEYS}
+
+
+def deeper_layer_shapes(fields: dict, num_layers: int) -> dict[str, tuple]:
+    """The shapes of those tensors (H-wide attention, no ``hidden_norm``) for the fields ``parse_llama_config`` gives."""
+    shapes = {k: s for k, s in layer_shapes(fields, fields["hidden_size"]).items() if k in PLAIN_LAYER_KEYS}
+    return {f"layers.{i}.{k}": s for i in range(1, num_layers) for k, s in shapes.items()}
 
 
 def to_engine_layer_ids(feature_layers, engine: str) -> list[int]:
@@ -47,10 +60,10 @@ def warn_inexact_layers(layers: list[int], depth: int, fmt: str) -> None:
 
 
 def llama_fields(cfg: EagleConfig, dtype: torch.dtype) -> dict:
-    """The drafter layer as a one-layer Llama config dict (legacy rope keys: every engine reads them)."""
+    """The drafter's layers as a Llama config dict (legacy rope keys: every engine reads them)."""
     return {
         "model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": 1,
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": getattr(cfg, "num_layers", 1),
         "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim, "hidden_act": cfg.hidden_act, "rms_norm_eps": cfg.rms_norm_eps,
         "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": cfg.rope_theta,
@@ -67,8 +80,9 @@ def sorted_features(layers: list[int], fc: torch.Tensor, hidden: int) -> tuple[l
     return [layers[j] for j in order], torch.cat([fc[:, j * hidden:(j + 1) * hidden] for j in order], dim=1)
 
 
-def parse_llama_config(path: Path, data: dict, what: str) -> dict:
-    """Check the one-layer Llama config of a drafter and return EagleConfig's layer fields."""
+def parse_llama_config(path: Path, data: dict, what: str, many_layers: bool = False) -> dict:
+    """Check the Llama config of a drafter and return EagleConfig's layer fields; ``many_layers``: it may have
+    several layers (an EAGLE-3 drafter's), given as ``num_layers``, else exactly one."""
     if data.get("model_type") != "llama":
         raise ValueError(f"{path}: {what} has model_type {data.get('model_type')!r}; headway imports Llama-layer "
                          "EAGLE drafters (model_type 'llama') only")
@@ -76,9 +90,12 @@ def parse_llama_config(path: Path, data: dict, what: str) -> dict:
     missing = [k for k in need if data.get(k) is None]
     if missing:
         raise ValueError(f"{path}: {what} lacks {missing}")
-    if data.get("num_hidden_layers", 1) != 1:
-        raise ValueError(f"{path}: {what} has num_hidden_layers {data['num_hidden_layers']}; headway's EAGLE "
-                         "drafters have exactly one layer")
+    depth = data.get("num_hidden_layers", 1)
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise ValueError(f"{path}: {what} has num_hidden_layers {depth!r}; a drafter has an integer >= 1 of layers")
+    if depth != 1 and not many_layers:
+        raise ValueError(f"{path}: {what} has num_hidden_layers {depth}; this drafter kind has exactly one layer "
+                         "(EAGLE-3 drafters may have several)")
     biased = [k for k in ("attention_bias", "mlp_bias") if data.get(k)]
     if biased:
         raise ValueError(f"{path}: {what} sets {biased}; headway's EAGLE layer has no attention or MLP biases")
@@ -95,7 +112,7 @@ def parse_llama_config(path: Path, data: dict, what: str) -> dict:
         if scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type"}:
             scaling = None
     return dict(
-        hidden_size=hidden, vocab_size=int(data["vocab_size"]), num_attention_heads=heads,
+        **({"num_layers": depth} if many_layers else {}), hidden_size=hidden, vocab_size=int(data["vocab_size"]), num_attention_heads=heads,
         num_key_value_heads=int(data.get("num_key_value_heads") or heads),
         head_dim=int(data.get("head_dim") or hidden // heads), intermediate_size=int(data["intermediate_size"]),
         hidden_act=data.get("hidden_act", "silu"), rms_norm_eps=float(data["rms_norm_eps"]),

@@ -18,7 +18,7 @@ def test_config_checks():
     assert cfg.block_size == 8 and cfg.num_layers == 1 and cfg.feature_layers == [0, 2, 4]
     with pytest.raises(ValueError, match="block_size must be >= 2"):
         DFlashConfig(**base, block_size=1)
-    with pytest.raises(ValueError, match="num_layers must be >= 1"):
+    with pytest.raises(ValueError, match="num_layers must be an integer >= 1"):
         DFlashConfig(**base, num_layers=0)
     with pytest.raises(ValueError, match="version 3"):
         DFlashConfig(**base, version=1, feature_layers=[4])

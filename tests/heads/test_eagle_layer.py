@@ -10,9 +10,12 @@ from headway.heads.target.features import capture_features
 from tests.heads.helpers import make_head
 
 
-@pytest.mark.parametrize("version", [1, 3])
-def test_cached_steps_equal_one_causal_pass(target, version):
-    head = make_head(target, version)
+VERSIONS = [(1, 1), (3, 1), (3, 3)]  # (version, decoder layers): EAGLE-3 also with midlayer + 2 plain layers
+
+
+@pytest.mark.parametrize("version,layers", VERSIONS)
+def test_cached_steps_equal_one_causal_pass(target, version, layers):
+    head = make_head(target, version, num_layers=layers)
     ids = torch.randint(4, 200, (1, 12))
     hid = head.input_hidden(capture_features(target, ids, head.config.feature_layers)[:, :-1])
     pos = torch.arange(11)[None]
@@ -20,13 +23,14 @@ def test_cached_steps_equal_one_causal_pass(target, version):
     cache = DraftCache()
     parts = [head(ids[:, 1 + a:1 + b], hid[:, a:b], pos[:, a:b], cache=cache) for a, b in [(0, 4), (4, 5), (5, 11)]]
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-12)
+    assert [len(cache.layer(i)) for i in range(layers)] == [11] * layers
 
 
-@pytest.mark.parametrize("version", [1, 3])
-def test_extend_writes_the_context_keys_and_returns_the_last_output(target, version):
-    """The runtime's catch-up (only the last position runs the whole layer) leaves the cache a full pass
-    leaves and returns that pass's last row, after a cached prefix and from an empty cache."""
-    head = make_head(target, version)
+@pytest.mark.parametrize("version,layers", VERSIONS)
+def test_extend_writes_the_context_keys_and_returns_the_last_output(target, version, layers):
+    """The runtime's catch-up (only the last position runs the whole last layer) leaves the cache a full pass
+    leaves, in every layer, and returns that pass's last row, after a cached prefix and from an empty cache."""
+    head = make_head(target, version, num_layers=layers)
     ids = torch.randint(4, 200, (1, 12))
     hid = head.input_hidden(capture_features(target, ids, head.config.feature_layers)[:, :-1])
     pos = torch.arange(11)[None]
@@ -37,14 +41,16 @@ def test_extend_writes_the_context_keys_and_returns_the_last_output(target, vers
         expect = head(ids[:, 1 + a:1 + b], hid[:, a:b], pos[:, a:b], cache=full)[:, -1:]
         got = head.extend(ids[:, 1 + a:1 + b], hid[:, a:b], pos[:, a:b], quick)
         torch.testing.assert_close(got, expect, rtol=0, atol=1e-12)
-        torch.testing.assert_close(quick.keys, full.keys, rtol=0, atol=1e-12)
-        torch.testing.assert_close(quick.values, full.values, rtol=0, atol=1e-12)
+        for i in range(layers):
+            torch.testing.assert_close(quick.layer(i).keys, full.layer(i).keys, rtol=0, atol=1e-12)
+            torch.testing.assert_close(quick.layer(i).values, full.layer(i).values, rtol=0, atol=1e-12)
 
 
-def test_training_time_test_equals_tree_drafting(target):
+@pytest.mark.parametrize("layers", [1, 3])
+def test_training_time_test_equals_tree_drafting(target, layers):
     """Unrolled step i at position t computes exactly what a depth-i node computes at inference:
-    the context entries up to t in the cache, then the chain of draft nodes below the root."""
-    head = make_head(target, 3)
+    the context entries up to t in the cache, then the chain of draft nodes below the root (every layer's)."""
+    head = make_head(target, 3, num_layers=layers)
     ids = torch.randint(4, 200, (1, 14))
     feats = capture_features(target, ids, head.config.feature_layers)
     n = ids.shape[1] - 1

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from headway.heads import load_drafter
+from headway.heads.eagle import EagleConfig
 from headway.heads.peagle import PEagleConfig, PEagleHead, default_mask_token
 from headway.heads.registry import kind_of
 from headway.heads.target.tiny import build_tiny_target
@@ -21,6 +22,12 @@ def test_config_checks():
         PEagleConfig(**base, normalize_features=True)
     with pytest.raises(ValueError, match="mask_token_id must be a token id in 0..99"):
         PEagleConfig(**base, mask_token_id=100)
+    assert PEagleConfig(**base, num_layers=4).num_layers == 4
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="num_layers must be an integer >= 1"):
+            PEagleConfig(**base, num_layers=bad)
+    with pytest.raises(ValueError, match="EAGLE-1 has one decoder layer"):
+        EagleConfig(**base, version=1, feature_layers=[4], num_layers=2)
 
 
 def test_from_target_round_trip_and_kind(tmp_path):
@@ -33,3 +40,25 @@ def test_from_target_round_trip_and_kind(tmp_path):
     back = load_drafter(tmp_path / "p")
     assert isinstance(back, PEagleHead) and back.config == head.config
     assert torch.equal(back.mask_hidden, head.mask_hidden)
+
+
+def test_several_layers_are_saved_as_midlayer_then_layers_i(tmp_path):
+    """num_layers=3: midlayer (2H-wide attention, hidden_norm), then layers.1 and layers.2 (H wide, pre-norm); headway's
+    folder reads back strictly, and a folder written before num_layers existed reads as one layer."""
+    import json
+
+    target, _ = build_tiny_target("llama")
+    head = PEagleHead.from_target(target, parallel_depths=3, num_layers=3)
+    names = set(head.state_dict())
+    assert {"midlayer.hidden_norm.weight", "layers.1.input_layernorm.weight", "layers.2.mlp.down_proj.weight"} <= names
+    assert not any(n.startswith(("layers.0.", "layers.1.hidden_norm")) for n in names)
+    assert head.layers["1"].self_attn.q_proj.weight.shape[1] == head.config.hidden_size
+    head.save_pretrained(tmp_path / "p")
+    back = load_drafter(tmp_path / "p")
+    assert back.config.num_layers == 3 and all(torch.equal(back.state_dict()[k], v) for k, v in head.state_dict().items())
+    one = PEagleHead.from_target(target, parallel_depths=3)
+    one.save_pretrained(tmp_path / "old")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    config.pop("num_layers")
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    assert load_drafter(tmp_path / "old").config.num_layers == 1

@@ -52,6 +52,37 @@ def test_eagle31_greedy_equals_generate(family):
 FAMILY_SEEDS_31 = {"llama": 5, "qwen2": 6}
 
 
+DEEP_DYNAMIC = {"depth": 4, "top_k": 3, "total_tokens": 10}
+
+
+@pytest.mark.parametrize("tree,tensor_rounds", [("tree-15", None), (DEEP_DYNAMIC, False), (DEEP_DYNAMIC, True)])
+def test_eagle3_of_several_layers_greedy_equals_generate(family, eagle_deep, tree, tensor_rounds):
+    """An EAGLE-3 drafter of 3 decoder layers (midlayer, then plain pre-norm ones: speculators' num_hidden_layers),
+    trained with the training-time test through every layer: output identical to generate, alone and in a batch,
+    with non-trivial acceptance."""
+    from tests.inference.spec_utils import assert_batch_equals_rows
+
+    gen = SpeculativeGenerator(family.target, eagle_deep, tree=tree)
+    gen.drafter.tensor_rounds = tensor_rounds
+    new = passes = 0
+    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:10]):
+        out = gen.generate(prompt, max_new_tokens=max_new)
+        assert torch.equal(out.sequences, ref), f"{family.name}/3 layers: prompt {i} differs from generate"
+        new, passes = new + out.stats.new_tokens, passes + out.stats.target_forward_passes
+    assert new / passes > 1.3, f"{family.name}/3 layers: tau {new / passes:.2f}"
+    assert [len(gen.drafter._cache.layer(i)) for i in range(3)] == [gen.drafter._seen] * 3
+    assert_batch_equals_rows(gen, family)
+
+
+@pytest.fixture(scope="module")
+def eagle_deep(family):
+    from tests.inference.eagle_utils import train_eagle
+
+    head = train_eagle(family.target, 3, seed=FAMILY_SEEDS_31[family.name], steps=50, draft_vocab=150, num_layers=3)
+    assert len(head.decoder_layers) == 3
+    return head
+
+
 def test_greedy_eager_attention_and_eos(family, eagle):
     family.target.set_attn_implementation("eager")
     try:

@@ -174,6 +174,14 @@ def test_the_flag(family, eagle):
     # asked for, with a drafter whose step is not captured: one line naming it
     with pytest.raises(CaptureError, match="cuda_graphs=True: the draft model's step is not captured in a graph"):
         SpeculativeGenerator(family.target, family.draft, cuda_graphs=TracedGraphs())
+    from headway.heads import EagleHead
+
+    deep = EagleHead.from_target(family.target, version=3, num_layers=2)
+    with pytest.raises(CaptureError, match="cuda_graphs=True: an EAGLE-3 drafter of 2 layers is not captured in a "
+                                           "graph"):
+        SpeculativeGenerator(family.target, deep, cuda_graphs=TracedGraphs())
+    eager = SpeculativeGenerator(family.target, deep, cuda_graphs=False).drafter  # the default's fallback: eager
+    assert "2 layers is not captured" in eager.use_graphs(TracedGraphs(), strict=False) and eager._graphs is None
     # retrieval has no model step: nothing to capture, nothing refused; the target's pass is captured
     gen = SpeculativeGenerator(family.target, PromptLookup(), cuda_graphs=TracedGraphs())
     for prompt, max_new, ref in list(zip(family.prompts, family.max_new, family.references))[:4]:

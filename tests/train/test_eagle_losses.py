@@ -10,11 +10,11 @@ from headway.heads.target.features import capture_features
 from headway.train.eagle_losses import eagle1_loss, eagle3_loss
 
 
-def _batch(target, version, t=8):
-    """A head of ``version`` with non-zero weights, and its inputs on a [2, t] batch whose row 1
-    answers from token 5 on."""
+def _batch(target, version, t=8, layers=1):
+    """A head of ``version`` (and ``layers`` decoder layers) with non-zero weights, and its inputs on a [2, t] batch
+    whose row 1 answers from token 5 on."""
     torch.manual_seed(version)
-    head = EagleHead.from_target(target, version=version)
+    head = EagleHead.from_target(target, version=version, num_layers=layers)
     with torch.no_grad():
         for p in head.parameters():
             if p.requires_grad:
@@ -72,13 +72,13 @@ def test_eagle1_loss_is_the_weighted_regression_plus_cross_entropy(tiny_llama):
     assert noisy[0] == noisy[1] != pytest.approx(plain)
 
 
-@pytest.mark.parametrize("version", [1, 3])
-def test_batches_with_nothing_to_learn_give_zero_and_reach_every_parameter(tiny_llama, version):
+@pytest.mark.parametrize("version,layers", [(1, 1), (3, 1), (3, 3)])
+def test_batches_with_nothing_to_learn_give_zero_and_reach_every_parameter(tiny_llama, version, layers):
     """Too short a sequence, or no answer token: a zero loss whose graph still holds every trainable
-    parameter (DDP reduces all of them every step), and zero counts."""
+    parameter (DDP reduces all of them every step; a drafter of several layers: every layer's), and zero counts."""
     target = tiny_llama[0]
     for t, answers in ((2, True), (6, False)):
-        head, feats, ids, mask, rows = _batch(target, version, t)
+        head, feats, ids, mask, rows = _batch(target, version, t, layers)
         if not answers:
             mask = torch.zeros_like(mask)
         if version == 1:

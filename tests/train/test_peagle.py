@@ -46,12 +46,13 @@ def test_depth_zero_is_eagle3s_first_step():
     assert int(ours["step0/top1"]) == int(theirs["step0/top1"]) and {"step1/count", "step2/count"} <= set(ours)
 
 
-def test_tiny_config_trains_exports_loads_and_generates_the_targets_output(tmp_path, capsys):
+@pytest.mark.parametrize("layers", [1, 3])
+def test_tiny_config_trains_exports_loads_and_generates_the_targets_output(tmp_path, capsys, layers):
     out = tmp_path / "pe"
-    main(["--config", str(TINY), f"train.output_dir={out}", "train.max_steps=6"])
+    main(["--config", str(TINY), f"train.output_dir={out}", "train.max_steps=6", f"peagle.num_layers={layers}"])
     assert "depth 2 (token t+4): held-out top-1" in capsys.readouterr().out
     config = json.loads((out / "config.json").read_text())
-    assert config["drafter_type"] == "peagle" and config["parallel_depths"] == 3
+    assert config["drafter_type"] == "peagle" and config["parallel_depths"] == 3 and config["num_layers"] == layers
     head = load_drafter(out)
     target, tok = build_tiny_target("llama")
     prompt = tok("hello there, how are you", return_tensors="pt").input_ids
@@ -62,6 +63,7 @@ def test_tiny_config_trains_exports_loads_and_generates_the_targets_output(tmp_p
 @pytest.mark.parametrize("override, message", [
     ("peagle.parallel_depths=1", "parallel_depths must be >= 2"),
     ("peagle.normalize_features=true", "ignores fc_norm for peagle"),
+    ("peagle.num_layers=0", "num_layers must be an integer >= 1, got 0"),
     ("loss.decay=0", "loss.decay must be > 0"),
     ("loss.cod_ratio=0", "loss.cod_ratio must be in (0, 1] and loss.cod_floor in [0, 1], got 0.0 and 0.2"),
 ])

@@ -150,6 +150,7 @@ CASES = {
     "sglang-reduced": ("sglang", 3, {"draft_vocab_size": 40, "draft_tokens": DRAFT_IDS}),
     "speculators": ("speculators", 3, {}),
     "speculators-reduced": ("speculators", 3, {"draft_vocab_size": 40, "draft_tokens": DRAFT_IDS}),
+    "speculators-3-layers": ("speculators", 3, {"num_layers": 3}),
 }
 
 

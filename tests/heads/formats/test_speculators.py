@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from headway.heads import EagleConfig
+from headway.heads.eagle_layer import DraftCache
 from headway.heads.formats.convert import convert
 from headway.heads.formats.eagle import import_eagle
 from headway.heads.formats.speculators import (SPECULATORS_VERSION, check_model_type, is_speculators,
@@ -193,7 +195,6 @@ def test_speculators_package_computes_what_the_peagle_export_computes(tiny_llama
 
     from headway.heads.formats.eagle import export_eagle
     from headway.heads.peagle import PEagleHead
-    from headway.heads.eagle_layer import DraftCache
 
     target, _ = tiny_llama
     head = PEagleHead.from_target(target, feature_layers=[1, 0, 2], parallel_depths=3, mask_token_id=7)
@@ -241,8 +242,94 @@ def test_speculators_package_computes_what_the_peagle_export_computes(tiny_llama
 
 
 def _context(head, ids, feats):
-    from headway.heads.eagle_layer import DraftCache
-
     cache = DraftCache()
     head(ids, head.input_hidden(feats), torch.arange(ids.shape[1])[None], cache=cache)
     return cache
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "peagle"])
+def test_speculators_package_computes_what_a_deep_export_computes(tiny_llama, tmp_path, kind):
+    """A drafter of 3 decoder layers (speculators' num_hidden_layers; P-EAGLE's published drafters have 4): the export
+    names its later layers layers.1, layers.2 (no hidden_norm, H-wide attention), the package builds 3 layers and
+    loads every tensor, and its modules (layer 0 over [emb; fc(f)], then its plain decoder layers, norm, lm_head)
+    give our logits over the context and, for P-EAGLE, two mask slots in the same causal pass; it reads back."""
+    pytest.importorskip("speculators")
+    from speculators import SpeculatorModel
+
+    from headway.heads.formats.eagle import export_eagle
+    from headway.heads.peagle import PEagleHead
+    from tests.heads.formats.helpers import noisy
+
+    target, _ = tiny_llama
+    verifier = tmp_path / "target"
+    target.save_pretrained(verifier)
+    if kind == "peagle":
+        head = noisy(PEagleHead.from_target(target, parallel_depths=3, mask_token_id=7, num_layers=3))
+    else:
+        head = eagle_head(target, 3, num_layers=3, draft_vocab_size=40, draft_tokens=DRAFT_IDS)
+    out = export_quietly(head, tmp_path / "p", "speculators", target_name_or_path=str(verifier))
+    config, tensors = config_and_tensors(out)
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 3
+    assert tensors["layers.1.self_attn.q_proj.weight"].shape[1] == 64 and "layers.2.input_layernorm.weight" in tensors
+    assert not any(k.startswith(("layers.1.hidden_norm", "layers.2.hidden_norm", "midlayer.")) for k in tensors)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SpeculatorModel.from_pretrained(str(out))
+    assert len(model.layers) == 3
+    theirs = model.state_dict()
+    for key, value in head.state_dict().items():
+        if key.startswith(("midlayer.", "layers.")):
+            assert torch.equal(theirs[key.replace("midlayer.", "layers.0.")], value), key
+    model.config.transformer_layer_config._attn_implementation = "sdpa"
+    ids, feats = torch.randint(0, 218, (1, 5)), torch.randn(1, 5, head.config.feature_width)
+    slots = 2 if kind == "peagle" else 0
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        tokens, hidden = ids, feats
+        if slots:
+            tokens = torch.cat([ids, torch.full((1, slots), 7)], 1)
+            hidden = torch.cat([feats, model.mask_hidden.expand(1, slots, -1)], 1)
+        x = torch.cat([model.embed_tokens(tokens), model.fc(hidden)], dim=-1)
+        pos = torch.arange(5 + slots)[None]
+        h = x
+        for layer in model.layers:
+            h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=model.rotary_emb(x, pos))
+            h = h[0] if isinstance(h, tuple) else h
+        theirs_logits = model.lm_head(model.norm(h))[0]
+        head.bind_target(target)
+        cache = DraftCache()
+        mine = head(ids, head.input_hidden(feats), torch.arange(5)[None], cache=cache)[0]
+        if slots:
+            mine = torch.cat([mine, head.slots(torch.arange(5, 5 + slots)[None], cache=cache)[0]])
+        mine = head.logits(mine)
+    torch.testing.assert_close(mine, theirs_logits)
+    back = quiet(import_eagle, out)
+    assert type(back) is type(head) and back.config == head.config
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in head.state_dict().items())
+    with pytest.raises(ValueError, match="SGLang's EAGLE-3 (model has one|layout cannot carry it)"):
+        export_eagle(head, tmp_path / "s", "sglang")
+
+
+def test_a_deep_drafter_with_its_first_layer_as_midlayer_reads_the_same(tiny_llama, tmp_path):
+    """vLLM maps midlayer.* to layers.0.*; a speculators folder (and a flat Llama config with num_hidden_layers 3) whose
+    first layer is midlayer.* and the others layers.{i}.* (the published P-EAGLE drafters' names) imports the same."""
+    target, _ = tiny_llama
+    head = eagle_head(target, 3, num_layers=3)
+    out = export_quietly(head, tmp_path / "p", "speculators")
+    config, tensors = config_and_tensors(out)
+    renamed = {k.replace("layers.0.", "midlayer."): v for k, v in tensors.items()}
+    save_file(renamed, str(out / "model.safetensors"))
+    back = quiet(import_eagle, out)
+    assert back.config == head.config
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in head.state_dict().items())
+    save_file({**renamed, "layers.0.norm.weight": torch.ones(64)}, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match="both midlayer.* and layers.0.* tensors"):
+        quiet(import_eagle, out)
+    flat = {**config["transformer_layer_config"], "architectures": ["LlamaForCausalLMEagle3"],
+            "draft_vocab_size": config["draft_vocab_size"], "headway": config["headway"],
+            "eagle_aux_hidden_state_layer_ids": config["eagle_aux_hidden_state_layer_ids"]}
+    (out / "config.json").write_text(json.dumps(flat))
+    save_file(renamed, str(out / "model.safetensors"))
+    back = quiet(import_eagle, out)
+    assert back.config.num_layers == 3 and back.config.feature_layers == head.config.feature_layers
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in head.state_dict().items())
