@@ -138,7 +138,7 @@ def _hub_load_error(repo_id: str, revision: str | None, exc: Exception) -> str:
         return (f"{at} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE=1 "
                 "forbids downloading: download it once online, or unset HF_HUB_OFFLINE")
     return (f"{at} is neither a local drafter folder nor a Hub repo that could be loaded "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
+            f"({type(exc).__name__}: {first_line(exc)})")
 
 
 def built_from_config(build, source, also: tuple = ()):

@@ -22,6 +22,9 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from headway.heads.values import first_line
+
 Run = Callable[[], Sequence[torch.Tensor]]
 
 
@@ -193,8 +196,7 @@ class StepGraphs:
         try:
             call = GraphedCall(self._step(cache, span), inputs, self.backend)
         except Exception as e:  # noqa: BLE001 - any failure to capture falls back (or, asked for, says why)
-            first = str(e).splitlines()[0] if str(e) else ""
-            why = f"{self.WHAT} cannot be captured in a graph ({type(e).__name__}: {first})"
+            why = f"{self.WHAT} cannot be captured in a graph ({type(e).__name__}: {first_line(e)})"
             if self.strict:
                 raise CaptureError(f"cuda_graphs=True: {why}; pass cuda_graphs=None to fall back to eager") from e
             self.failed = why

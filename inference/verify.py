@@ -85,7 +85,21 @@ class LazyProbs:
 
 def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from the distribution p [V]."""
-    return int(torch.multinomial(p, 1, generator=generator))
+    return int(draw(p, generator))
+
+
+def draw(p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token from each distribution p [..., V] -> [..., 1], as ``torch.multinomial``; a distribution that holds
+    NaN or inf (a logits processor's NaN scores, or every token masked) is one line naming the cause, not torch's
+    message from inside the sampler. (On CUDA torch checks it on the device, where no error comes back.)"""
+    try:
+        return torch.multinomial(p, 1, generator=generator)
+    except RuntimeError as exc:
+        if "probability tensor" not in str(exc):
+            raise
+        raise ValueError("the target's sampling distribution holds NaN, inf or negative values: a logits_processor "
+                         "(or a generation setting) returned NaN scores or masked every token; processors must "
+                         "return finite scores or -inf, leaving at least one token") from None
 
 
 def _uniform(p: torch.Tensor, generator: torch.Generator | None) -> float:
@@ -254,7 +268,7 @@ def verify_sampling_tensors(children: torch.Tensor, depth: int, tokens: torch.Te
         p_cur = torch.where(found, p[node], p_cur)
         if q is not None:
             q_cur = torch.where(found, q[node], q_cur)
-    nxt = torch.multinomial(p_cur, 1, generator=generator)[0]
+    nxt = draw(p_cur, generator)[0]
     return torch.stack([node, nxt])
 
 

@@ -21,6 +21,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, load_drafter
 from headway.heads.hub.card import BENCHMARK_NAME, EVAL_METRICS_NAME, RUN_CONFIG_NAME, model_card
+from headway.heads.values import first_line
 
 CARD_NAME = "README.md"
 LOADER_FILES = (CONFIG_NAME, WEIGHTS_NAME)  # what load_drafter reads
@@ -97,5 +98,5 @@ def _upload_error(repo_id: str, exc: Exception) -> str:
     if status in (401, 403):
         return (f"the Hub refused the credentials for {repo_id} (HTTP {status}): log in with `hf auth login` "
                 "using a token with write access to that namespace, or set HF_TOKEN")
-    first = str(exc).splitlines()[0][:200] if str(exc) else ""
-    return f"pushing to {repo_id} failed ({type(exc).__name__}: {first}); check the repo id and your connection"
+    return (f"pushing to {repo_id} failed ({type(exc).__name__}: {first_line(exc)}); check the repo id and your "
+            "connection")

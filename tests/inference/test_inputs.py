@@ -118,6 +118,18 @@ def test_generate_arguments_of_the_wrong_kind_are_one_line(lookup_gen, kwargs, m
                                    generator=torch.Generator().manual_seed(0)).sequences.shape[1] == 9
 
 
+@pytest.mark.parametrize("fill", [float("nan"), float("-inf")])
+def test_a_processor_that_leaves_no_distribution_to_sample_is_one_line(lookup_gen, fill):
+    """A logits processor returning NaN scores, or masking every token, while sampling: one ValueError naming the
+    processor, not torch's message from inside multinomial (alone and in a batch)."""
+    ids = torch.tensor([[5, 6, 7, 5, 6], [9, 5, 6, 7, 5]])
+    for batch in (ids[:1], ids):
+        with pytest.raises(ValueError, match="a logits_processor .* returned NaN scores or masked every token"):
+            lookup_gen.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=4, temperature=0.8,
+                                logits_processor=[lambda i, scores: torch.full_like(scores, fill)],
+                                generator=torch.Generator().manual_seed(0))
+
+
 def test_a_target_that_samples_by_default_is_decoded_greedily_with_a_warning(lookup_gen):
     """A checkpoint whose generation_config says do_sample=True: headway's generate stays greedy (its documented
     default: temperature=0) and says so once."""
