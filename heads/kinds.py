@@ -26,15 +26,21 @@ def _describe_eagle1(info: dict) -> str:
     return "EAGLE-1/2 drafter: one decoder layer over [token embedding; target feature], the target's lm_head"
 
 
+def _decoder_layers(info: dict) -> str:
+    layers = info.get("num_layers") or 1
+    return "one decoder layer" if layers == 1 else f"{layers} decoder layers"
+
+
 def _describe_eagle3(info: dict) -> str:
     if info.get("normalize_features"):
-        return (f"EAGLE-3.1 drafter: one decoder layer over fused target layers {info.get('feature_layers')}, each "
-                f"normalised before fc, post-norm states fed back, own lm_head ({_vocab(info)})")
-    return (f"EAGLE-3 drafter: one decoder layer over fused target layers {info.get('feature_layers')}, "
+        return (f"EAGLE-3.1 drafter: {_decoder_layers(info)} over fused target layers {info.get('feature_layers')}, "
+                f"each normalised before fc, post-norm states fed back, own lm_head ({_vocab(info)})")
+    return (f"EAGLE-3 drafter: {_decoder_layers(info)} over fused target layers {info.get('feature_layers')}, "
             f"own lm_head ({_vocab(info)})")
 
 
-_EAGLE_INFO = ("version", "feature_layers", "num_target_layers", "intermediate_size", "normalize_features")
+_EAGLE_INFO = ("version", "feature_layers", "num_target_layers", "intermediate_size", "normalize_features",
+               "num_layers")
 _EAGLE_IMPORTS = EAGLE_FORMATS  # import_eagle reads either version from any of them
 _EAGLE_TRAINING = {"eagle": TrainingMethod("headway.train.eagle", "an EAGLE-1 or EAGLE-3 drafter (eagle.version)",
                                            "eagle/eagle3-tiny")}
@@ -76,7 +82,7 @@ LAYERSKIP = register_kind(DrafterKind(
 
 
 def _describe_peagle(info: dict) -> str:
-    return (f"P-EAGLE drafter: EAGLE-3 over fused target layers {info.get('feature_layers')} drafting "
+    return (f"P-EAGLE drafter: EAGLE-3 ({_decoder_layers(info)}) over fused target layers {info.get('feature_layers')} drafting "
             f"{info.get('parallel_depths')} tokens per pass (mask token {info.get('mask_token_id')}, a learnt mask "
             f"hidden state), own lm_head ({_vocab(info)})")
 

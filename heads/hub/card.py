@@ -257,6 +257,11 @@ def eagle3_serving(config: dict, ctx: ServeContext) -> list[str]:
         lines += [f"Feature layer(s) {inexact} have no exact counterpart in vLLM or SGLang (0: before the first "
                   "layer; the last: after the final norm); the engines may draft worse than headway.", ""]
     lines += _vllm(ctx.convert("speculators"), "speculators", "eagle3", ctx.engine_target, 3)
+    layers = config.get("num_layers") or 1
+    if config.get("normalize_features") or layers > 1:  # the 'sglang' export refuses both
+        why = (f"has {layers} decoder layers (SGLang's EAGLE-3 model has one)" if layers > 1 else
+               "is EAGLE-3.1 (per-layer feature norms, post-norm states fed back), which SGLang's EAGLE-3 model lacks")
+        return lines + [f"SGLang: this drafter {why}; serve it with vLLM.", ""]
     return lines + _sglang(ctx.convert("sglang"), "sglang", "EAGLE3", ctx.engine_target)
 
 

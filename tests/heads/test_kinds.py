@@ -41,6 +41,8 @@ def test_which_config_is_which_kind():
      "EAGLE-3 drafter: one decoder layer over fused target layers [2, 16, 29], own lm_head (draft vocabulary 32000)"),
     (EAGLE3, {"feature_layers": [0, 1, 2], "draft_vocab_size": None},
      "EAGLE-3 drafter: one decoder layer over fused target layers [0, 1, 2], own lm_head (full vocabulary)"),
-], ids=["medusa-shared", "medusa-reduced", "medusa-no-blocks", "eagle1", "eagle3-reduced", "eagle3-full"])
+    (EAGLE3, {"feature_layers": [0, 1, 2], "draft_vocab_size": None, "num_layers": 4},
+     "EAGLE-3 drafter: 4 decoder layers over fused target layers [0, 1, 2], own lm_head (full vocabulary)"),
+], ids=["medusa-shared", "medusa-reduced", "medusa-no-blocks", "eagle1", "eagle3-reduced", "eagle3-full", "eagle3-deep"])
 def test_the_describe_lines(kind, info, line):
     assert kind.description(info) == line

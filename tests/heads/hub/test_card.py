@@ -27,6 +27,11 @@ def test_card_serving_commands_follow_the_format():
     assert "Feature layer(s) [0, 6] have no exact counterpart" in edge and "vllm serve" in edge
     odd = model_card_text(eagle_config(3, feature_layers=[2, 5]), source="me/e3")
     assert "vllm serve" not in odd and "sglang.launch_server" not in odd and "exactly three" in odd
+    for extra, why in (({"num_layers": 4}, "has 4 decoder layers (SGLang's EAGLE-3 model has one)"),
+                       ({"normalize_features": True}, "is EAGLE-3.1")):  # the 'sglang' export refuses both
+        vllm_only = model_card_text(eagle_config(3, **extra), source="me/e3")
+        assert "vllm serve" in vllm_only and "--to sglang" not in vllm_only and "sglang.launch_server" not in vllm_only
+        assert f"SGLang: this drafter {why}" in vllm_only
     biased = model_card_text(eagle_config(1, fc_bias=True), source="me/e1")
     assert "vllm serve" not in biased and "cannot load this drafter" in biased
     assert "--speculative-algorithm EAGLE " in biased and "headway convert --to eagle drafter" in biased
