@@ -70,7 +70,7 @@ from headway.heads.formats.folder import (check_tensors, headway_block, local_mo
 from headway.heads.formats.llama_layer import (EAGLE3_LAYER_KEYS, LAYER_KEYS, deeper_layer_shapes,
                                                deeper_layer_tensors, from_engine_layer_ids, layer_shapes,
                                                llama_fields, parse_llama_config, sorted_features,
-                                               to_engine_layer_ids, warn_inexact_layers)
+                                               to_engine_layer_ids, warn_inexact_layers, warn_official_config)
 from headway.heads.formats.speculators import SPECULATORS_VERSION
 from headway.heads.target.features import check_feature_layers, num_layers
 
@@ -139,7 +139,7 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
     if speculative_tokens < 1:
         raise ValueError(f"speculative_tokens must be >= 1, got {speculative_tokens}")
     head.check_draft_vocab()
-    _warn_official_config(cfg, fmt)
+    warn_official_config(cfg, fmt)
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
     dtype = state["fc.weight"].dtype
     if embeddings is not None:
@@ -217,23 +217,6 @@ def export_eagle(head: EagleHead, out_dir, fmt: str, *, target_name_or_path: str
     config = speculators.speculators_config(cfg, dtype, vllm_ids, target_name_or_path or cfg.base_model_name_or_path,
                                             speculative_tokens, meta, normalize_features=cfg.normalize_features)
     return write_folder(out_dir, config, tensors, overwrite)
-
-
-def _warn_official_config(cfg: EagleConfig, fmt: str) -> None:
-    """One line when the official EAGLE runtime (which reads the 'eagle' and 'sglang' layouts) cannot
-    represent the head's attention: its config accepts ``rope_scaling`` only as {type: linear|dynamic,
-    factor}, and it takes the head size as hidden / heads."""
-    if fmt not in ("eagle", "sglang"):
-        return
-    rope = dict(cfg.rope_scaling or {})
-    if rope and not (set(rope) == {"type", "factor"} and rope["type"] in ("linear", "dynamic")):
-        warnings.warn(f"the official EAGLE runtime refuses this head's rope_scaling {rope} (its config takes only "
-                      f"{{'type': 'linear' or 'dynamic', 'factor': f}}); SGLang and vLLM read this {fmt!r} export",
-                      UserWarning, stacklevel=3)
-    if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
-        warnings.warn(f"the official EAGLE runtime computes the head size as hidden_size / num_attention_heads = "
-                      f"{cfg.hidden_size // cfg.num_attention_heads}, not this head's head_dim {cfg.head_dim}; SGLang "
-                      f"and vLLM read this {fmt!r} export", UserWarning, stacklevel=3)
 
 
 # --- import ----------------------------------------------------------------------------------

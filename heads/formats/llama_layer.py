@@ -59,6 +59,23 @@ def warn_inexact_layers(layers: list[int], depth: int, fmt: str) -> None:
                       UserWarning, stacklevel=3)
 
 
+def warn_official_config(cfg: EagleConfig, fmt: str) -> None:
+    """One line when the official EAGLE runtime (which reads the 'eagle' and 'sglang' layouts) cannot
+    represent the head's attention: its config accepts ``rope_scaling`` only as {type: linear|dynamic,
+    factor}, and it takes the head size as hidden / heads."""
+    if fmt not in ("eagle", "sglang"):
+        return
+    rope = dict(cfg.rope_scaling or {})
+    if rope and not (set(rope) == {"type", "factor"} and rope["type"] in ("linear", "dynamic")):
+        warnings.warn(f"the official EAGLE runtime refuses this head's rope_scaling {rope} (its config takes only "
+                      f"{{'type': 'linear' or 'dynamic', 'factor': f}}); SGLang and vLLM read this {fmt!r} export",
+                      UserWarning, stacklevel=3)
+    if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
+        warnings.warn(f"the official EAGLE runtime computes the head size as hidden_size / num_attention_heads = "
+                      f"{cfg.hidden_size // cfg.num_attention_heads}, not this head's head_dim {cfg.head_dim}; SGLang "
+                      f"and vLLM read this {fmt!r} export", UserWarning, stacklevel=3)
+
+
 def llama_fields(cfg: EagleConfig, dtype: torch.dtype) -> dict:
     """The drafter's layers as a Llama config dict (legacy rope keys: every engine reads them)."""
     return {
