@@ -88,9 +88,23 @@ class PEagleHead(Eagle3Head):
         return self.input_hidden(self.mask_hidden.to(self.fc.weight.dtype))
 
     def slot_inputs(self, s: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The inputs of ``s`` slots: the mask token's ids [s] and the step input ``fc(mask_hidden)`` [s, H]."""
+        """The inputs of ``s`` slots: the mask token's ids [s] and the step input ``fc(mask_hidden)`` [s, H]. Without
+        gradients ``fc(mask_hidden)`` is computed once per version of the two weights (a runtime round would pay a
+        product of fc's whole weight for it: 5% of a default-target round's drafting), recomputed after they change
+        in place (an optimizer step, ``load_state_dict``) or move. (An edit through ``.data`` is not seen; the drafts
+        would then come from the old slots, which verification keeps exact anyway.)"""
         ids = torch.full((s,), self.config.mask_token_id, dtype=torch.long, device=device)
-        return ids, self.slot_hidden().expand(s, -1)
+        if torch.is_grad_enabled() and self.mask_hidden.requires_grad:
+            return ids, self.slot_hidden().expand(s, -1)
+        try:
+            key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in (self.fc.weight, self.mask_hidden))
+        except RuntimeError:  # weights made under inference_mode keep no version: computed each time
+            return ids, self.slot_hidden().expand(s, -1)
+        cached = self.__dict__.get("_slot_hidden")
+        if cached is None or cached[0] != key:
+            cached = (key, self.slot_hidden())
+            self.__dict__["_slot_hidden"] = cached
+        return ids, cached[1].expand(s, -1)
 
     def slots(self, positions: torch.Tensor, cache=None, attention_mask=None) -> torch.Tensor:
         """K - 1 slots at ``positions`` [B, S] after ``cache`` (causal: each sees the context and the slots

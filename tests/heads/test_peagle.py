@@ -62,3 +62,26 @@ def test_several_layers_are_saved_as_midlayer_then_layers_i(tmp_path):
     config.pop("num_layers")
     (tmp_path / "old" / "config.json").write_text(json.dumps(config))
     assert load_drafter(tmp_path / "old").config.num_layers == 1
+
+
+def test_the_slots_input_is_computed_once_per_version_of_its_weights():
+    """Without gradients fc(mask_hidden) is kept between rounds and recomputed after an in-place change of fc or
+    mask_hidden (an optimizer step, load_state_dict) or a cast; with gradients it is always fresh (training)."""
+    target, _ = build_tiny_target("llama")
+    head = PEagleHead.from_target(target, parallel_depths=3)
+    with torch.no_grad():
+        first = head.slot_inputs(2, torch.device("cpu"))[1]
+        assert head.slot_inputs(2, torch.device("cpu"))[1].data_ptr() == first.data_ptr()  # kept
+        head.mask_hidden.add_(1.0)
+        moved = head.slot_inputs(2, torch.device("cpu"))[1]
+        torch.testing.assert_close(moved, head.slot_hidden().expand(2, -1))
+        assert not torch.allclose(moved, first)
+        head.load_state_dict({**head.state_dict(), "fc.weight": torch.zeros_like(head.fc.weight)})
+        assert not head.slot_inputs(1, torch.device("cpu"))[1].any()
+        head.double()
+        assert head.slot_inputs(1, torch.device("cpu"))[1].dtype == torch.float64
+    with torch.inference_mode():
+        made = PEagleHead.from_target(target, parallel_depths=3)  # weights without a version counter
+        torch.testing.assert_close(made.slot_inputs(1, torch.device("cpu"))[1], made.slot_hidden()[None])
+    hidden = head.slot_inputs(2, torch.device("cpu"))[1]
+    assert hidden.requires_grad and hidden.grad_fn is not None  # training: through fc and mask_hidden
