@@ -60,6 +60,16 @@ class DraftCache:
     def _all(self) -> list["DraftCache"]:
         return [self, *self._deeper]
 
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        """Every layer's key and value buffers (what a captured step writes into)."""
+        return tuple(t for cache in self._all() for t in (cache._keys, cache._values))
+
+    def write_at(self, slots: torch.Tensor | None, span: int | None) -> None:
+        """Every layer's appends go to ``slots`` and return the buffers' first ``span`` slots (None, None: back to
+        appending after the cached entries)."""
+        for cache in self._all():
+            cache.slots, cache.span = slots, span
+
     @classmethod
     def reusing(cls, other: "DraftCache") -> "DraftCache":
         """An empty cache on ``other``'s buffers (a captured step keeps writing where it was captured)."""

@@ -87,9 +87,6 @@ class EagleProposer(Proposer):
     def use_graphs(self, backend, strict: bool = False) -> str | None:
         """Capture each single-row tree level (a static tree's, a dynamic tree's) per width with ``backend``
         (``inference.graphs``); the catch-up, the root's projection and a batch's stacked levels stay eager."""
-        if self.head.config.num_layers > 1:
-            return (f"an EAGLE-3 drafter of {self.head.config.num_layers} layers is not captured in a graph (the "
-                    "captured step writes one layer's cache)")
         self._graphs = EagleStepGraphs(self.head, backend, strict)
         self._cache = DraftCache()
         return None

@@ -237,8 +237,9 @@ class EagleStepGraphs(StepGraphs):
             raise RuntimeError(f"a graphed level of {r} nodes after {start} cache entries masks {cols} columns "
                                f"after {prefix}")
         cache.reserve(start + r)
-        self.adopt((cache._keys, cache._values), start)
-        span, dtype, device = kv_span(start + r, cache.capacity), hidden.dtype, hidden.device
+        self.adopt(cache.buffers(), start)  # every decoder layer's
+        room = min(layer.capacity for layer in (cache.layer(i) for i in range(len(self.head.decoder_layers))))
+        span, dtype, device = kv_span(start + r, room), hidden.dtype, hidden.device
         mask = torch.full((1, 1, r, span), torch.finfo(dtype).min, dtype=dtype, device=device)
         mask[0, 0, :, :prefix] = 0.0
         mask[0, 0, :, prefix:prefix + cols].masked_fill_(~blocked, 0.0)  # [1, 1, R, C]
@@ -255,11 +256,11 @@ class EagleStepGraphs(StepGraphs):
         head = self.head
 
         def step(tokens, hidden, positions, mask, slots):
-            cache.slots, cache.span = slots, span
+            cache.write_at(slots, span)
             try:
                 out = head(tokens, hidden, positions, attention_mask=mask, cache=cache)[0]  # [R, H]
             finally:
-                cache.slots = cache.span = None
+                cache.write_at(None, None)
             return out, F.linear(*head.projection(out))
 
         return step

@@ -73,8 +73,9 @@ def test_fsdp_on_two_gpus_matches_ddp(tmp_path):
 
 
 @needs_cuda
-@pytest.mark.parametrize("tree", ["tree-15", {"depth": 5, "top_k": 8, "total_tokens": 40}])
-def test_cuda_graphs_draft_what_eager_drafts(tree):
+@pytest.mark.parametrize("tree,layers", [("tree-15", 1), ({"depth": 5, "top_k": 8, "total_tokens": 40}, 1),
+                                         ("tree-15", 3)])
+def test_cuda_graphs_draft_what_eager_drafts(tree, layers):
     """The EAGLE drafter's levels and the target's verification pass captured in CUDA graphs (the default on CUDA):
     greedy output equals generate's, each prompt's first rounds draft what the eager ones draft (fp32: up to the
     kernels' rounding over a longer masked span, so compared until the first difference), and nothing is captured
@@ -83,7 +84,7 @@ def test_cuda_graphs_draft_what_eager_drafts(tree):
 
     target, _ = build_tiny_target("llama", seed=3)
     target = target.to("cuda")
-    head = EagleHead.from_target(target, version=3)
+    head = EagleHead.from_target(target, version=3, num_layers=layers)  # 3: midlayer, then two plain layers
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, target.config.vocab_size, (1, 12), generator=g).cuda() for _ in range(4)]
     drafts = {}
