@@ -48,14 +48,13 @@ class DraftCache:
         self._deeper: list[DraftCache] = []  # layers 1, 2, ..: their own caches, created when first asked for
 
     def layer(self, i: int) -> "DraftCache":
-        """Layer ``i``'s cache (0: this one), as long as this one's (a new layer's starts with this one)."""
+        """Layer ``i``'s cache (0: this one); a layer's first use creates it, writing where this one writes."""
         if i == 0:
             return self
         while len(self._deeper) < i:
             self._deeper.append(DraftCache())
-        out = self._deeper[i - 1]
-        out.slots, out.span = self.slots, self.span
-        return out
+            self._deeper[-1].slots, self._deeper[-1].span = self.slots, self.span
+        return self._deeper[i - 1]
 
     def _all(self) -> list["DraftCache"]:
         return [self, *self._deeper]

@@ -82,7 +82,8 @@ LAYERSKIP = register_kind(DrafterKind(
 
 
 def _describe_peagle(info: dict) -> str:
-    return (f"P-EAGLE drafter: EAGLE-3 ({_decoder_layers(info)}) over fused target layers {info.get('feature_layers')} drafting "
+    return (f"P-EAGLE drafter: EAGLE-3 ({_decoder_layers(info)}) over fused target layers "
+            f"{info.get('feature_layers')} drafting "
             f"{info.get('parallel_depths')} tokens per pass (mask token {info.get('mask_token_id')}, a learnt mask "
             f"hidden state), own lm_head ({_vocab(info)})")
 

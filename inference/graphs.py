@@ -238,7 +238,7 @@ class EagleStepGraphs(StepGraphs):
                                f"after {prefix}")
         cache.reserve(start + r)
         self.adopt(cache.buffers(), start)  # every decoder layer's
-        room = min(layer.capacity for layer in (cache.layer(i) for i in range(len(self.head.decoder_layers))))
+        room = min(cache.layer(i).capacity for i in range(len(self.head.decoder_layers)))
         span, dtype, device = kv_span(start + r, room), hidden.dtype, hidden.device
         mask = torch.full((1, 1, r, span), torch.finfo(dtype).min, dtype=dtype, device=device)
         mask[0, 0, :, :prefix] = 0.0

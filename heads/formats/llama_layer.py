@@ -1,6 +1,6 @@
 """What the EAGLE layouts share: the drafter's Llama config (written and read; one layer, or an EAGLE-3 drafter's
-several: ``num_hidden_layers``), its tensor names and shapes, and the target layer ids in each engine's numbering (see ``headway.heads.formats.eagle``
-for the sources)."""
+several: ``num_hidden_layers``), its tensor names and shapes, and the target layer ids in each engine's numbering
+(see ``headway.heads.formats.eagle`` for the sources)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def deeper_layer_tensors(state: dict, num_layers: int) -> dict:
 
 
 def deeper_layer_shapes(fields: dict, num_layers: int) -> dict[str, tuple]:
-    """The shapes of those tensors (H-wide attention, no ``hidden_norm``) for the fields ``parse_llama_config`` gives."""
+    """The shapes of those tensors (H-wide attention, no ``hidden_norm``) for the fields ``parse_llama_config``
+    gives."""
     shapes = {k: s for k, s in layer_shapes(fields, fields["hidden_size"]).items() if k in PLAIN_LAYER_KEYS}
     return {f"layers.{i}.{k}": s for i in range(1, num_layers) for k, s in shapes.items()}
 
@@ -80,7 +81,7 @@ def llama_fields(cfg: EagleConfig, dtype: torch.dtype) -> dict:
     """The drafter's layers as a Llama config dict (legacy rope keys: every engine reads them)."""
     return {
         "model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": getattr(cfg, "num_layers", 1),
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim, "hidden_act": cfg.hidden_act, "rms_norm_eps": cfg.rms_norm_eps,
         "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": cfg.rope_theta,
@@ -129,7 +130,8 @@ def parse_llama_config(path: Path, data: dict, what: str, many_layers: bool = Fa
         if scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type"}:
             scaling = None
     return dict(
-        **({"num_layers": depth} if many_layers else {}), hidden_size=hidden, vocab_size=int(data["vocab_size"]), num_attention_heads=heads,
+        **({"num_layers": depth} if many_layers else {}), hidden_size=hidden, vocab_size=int(data["vocab_size"]),
+        num_attention_heads=heads,
         num_key_value_heads=int(data.get("num_key_value_heads") or heads),
         head_dim=int(data.get("head_dim") or hidden // heads), intermediate_size=int(data["intermediate_size"]),
         hidden_act=data.get("hidden_act", "silu"), rms_norm_eps=float(data["rms_norm_eps"]),

@@ -1,7 +1,8 @@
 """EAGLE-3 drafters as vLLM's ``speculators`` package (0.9.0) writes and reads them
 (``speculators_model_type: "eagle3"``): the config (the drafter layer as ``transformer_layer_config``,
 the verifier, the proposal method) and its reading back. Tensors: ``fc.weight``, ``layers.0.*`` (and
-``layers.{i}.*`` for a drafter of ``num_hidden_layers`` > 1), ``norm.weight``, ``lm_head.weight``, ``d2t``/``t2d`` when the vocabulary is reduced, and for EAGLE-3.1
+``layers.{i}.*`` for a drafter of ``num_hidden_layers`` > 1), ``norm.weight``, ``lm_head.weight``,
+``d2t``/``t2d`` when the vocabulary is reduced, and for EAGLE-3.1
 (``fc_norm: true``, ``norm_output: true``: a norm per captured layer before ``fc``, the post-norm
 state fed to the next step) ``fc_norm.{i}.weight`` in the order of the layer ids. Layer ids
 use vLLM's numbering (headway's ids unchanged). Folder writing and the tensor checks are

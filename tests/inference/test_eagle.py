@@ -21,14 +21,20 @@ CASES = {  # name: (version, tree, floor on tau over the first 20 prompts)
 def test_greedy_equals_generate(family, eagle, name):
     version, tree, floor = CASES[name]  # floors: tau over the 20 prompts
     gen = SpeculativeGenerator(family.target, eagle[version], tree=tree)
+    tau = greedy_tau(gen, family, 20, name)
+    assert tau > floor, f"{family.name}/{name}: tau {tau:.2f} (floor {floor})"
+
+
+def greedy_tau(gen, family, prompts: int, name: str) -> float:
+    """``gen``'s output on the family's first ``prompts`` prompts, each checked equal to generate's (its token count
+    the accepted tokens'); tau over them."""
     new = passes = 0
-    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:20]):
+    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:prompts]):
         out = gen.generate(prompt, max_new_tokens=max_new)
         assert torch.equal(out.sequences, ref), f"{family.name}/{name}: prompt {i} differs from generate"
         assert out.stats.new_tokens == ref.shape[1] - prompt.shape[1] == sum(out.stats.accepted_per_step)
         new, passes = new + out.stats.new_tokens, passes + out.stats.target_forward_passes
-    tau = new / passes
-    assert tau > floor, f"{family.name}/{name}: tau {tau:.2f} (floor {floor})"
+    return new / passes
 
 
 def test_eagle31_greedy_equals_generate(family):
@@ -40,13 +46,8 @@ def test_eagle31_greedy_equals_generate(family):
     head = train_eagle(family.target, 3, seed=FAMILY_SEEDS_31[family.name], steps=50, draft_vocab=150,
                        normalize_features=True)
     assert head.config.normalize_features and len(head.fc_norm) == 3
-    gen = SpeculativeGenerator(family.target, head, tree="tree-15")
-    new = passes = 0
-    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:10]):
-        out = gen.generate(prompt, max_new_tokens=max_new)
-        assert torch.equal(out.sequences, ref), f"{family.name}/eagle3.1: prompt {i} differs from generate"
-        new, passes = new + out.stats.new_tokens, passes + out.stats.target_forward_passes
-    assert new / passes > 1.3, f"{family.name}/eagle3.1: tau {new / passes:.2f}"
+    tau = greedy_tau(SpeculativeGenerator(family.target, head, tree="tree-15"), family, 10, "eagle3.1")
+    assert tau > 1.3, f"{family.name}/eagle3.1: tau {tau:.2f}"
 
 
 FAMILY_SEEDS_31 = {"llama": 5, "qwen2": 6}
@@ -64,12 +65,8 @@ def test_eagle3_of_several_layers_greedy_equals_generate(family, eagle_deep, tre
 
     gen = SpeculativeGenerator(family.target, eagle_deep, tree=tree)
     gen.drafter.tensor_rounds = tensor_rounds
-    new = passes = 0
-    for i, (prompt, max_new, ref) in enumerate(list(zip(family.prompts, family.max_new, family.references))[:10]):
-        out = gen.generate(prompt, max_new_tokens=max_new)
-        assert torch.equal(out.sequences, ref), f"{family.name}/3 layers: prompt {i} differs from generate"
-        new, passes = new + out.stats.new_tokens, passes + out.stats.target_forward_passes
-    assert new / passes > 1.3, f"{family.name}/3 layers: tau {new / passes:.2f}"
+    tau = greedy_tau(gen, family, 10, "3 layers")
+    assert tau > 1.3, f"{family.name}/3 layers: tau {tau:.2f}"
     assert [len(gen.drafter._cache.layer(i)) for i in range(3)] == [gen.drafter._seen] * 3
     assert_batch_equals_rows(gen, family)
 
