@@ -30,7 +30,7 @@ from headway.inference.proposer import (Draft, DraftContext, Proposer, as_propos
 from headway.inference import target_graphs, vocab_reduce
 from headway.inference.graphs import CaptureError, resolve_backend
 from headway.inference.kv_cache import CACHE_SLACK, compact_cache, new_cache
-from headway.inference.processors import apply_processors, prepare_generation
+from headway.inference.processors import apply_processors, call_max_new_tokens, prepare_generation
 from headway.inference.tree import Tree, node_path
 from headway.inference.target_forward import check_attention, prefill, resume_forward, tree_forward
 from headway.inference.batch import cut_round
@@ -177,12 +177,14 @@ class SpeculativeGenerator:
         return context_length(self.target.config)
 
     @torch.no_grad()
-    def generate(self, input_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+    def generate(self, input_ids, max_new_tokens: int | None = None, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, generator: torch.Generator | None = None, *, streamer=None,
                  generation_config=None, logits_processor=None, profile: bool = False, attention_mask=None,
                  **generation_kwargs) -> SpeculativeOutput:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids`` ([1, T] or [T]; a batch [B, T],
-        left-padded, with its ``attention_mask`` [B, T], as ``generate`` takes it: headway.inference.batch).
+        left-padded, with its ``attention_mask`` [B, T], as ``generate`` takes it: headway.inference.batch; a
+        padded row's padding stays in front of its output, as there). Unless given, ``max_new_tokens`` is the
+        call's own ``generation_config`` or keyword ``max_new_tokens`` / ``max_length``, else 128.
 
         ``temperature=0`` is greedy and equals ``target_model.generate(do_sample=False)`` token for
         token; ``temperature>0`` samples exactly from the target's distribution after the same
@@ -206,6 +208,11 @@ class SpeculativeGenerator:
         """
         check_call(input_ids, generator, streamer)
         ids = torch.as_tensor(input_ids)
+        if ids.dim() == 1 and attention_mask is not None:  # one row given flat, with its mask: a batch of one
+            ids, attention_mask = ids[None], torch.as_tensor(attention_mask)
+            attention_mask = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
+        max_new_tokens = call_max_new_tokens(max_new_tokens, ids.shape[-1], generation_config, generation_kwargs)
+        padding = None  # one row's left padding, dropped while generating, returned in front as generate does
         if ids.dim() == 2 and (ids.shape[0] > 1 or attention_mask is not None):
             from headway.inference.batch import check_batch
 
@@ -215,7 +222,8 @@ class SpeculativeGenerator:
             if ids.shape[0] > 1:
                 return self._generate_batch(ids, mask, max_new_tokens, temperature, top_k, top_p, generator, streamer,
                                             generation_config, logits_processor, profile, generation_kwargs)
-            ids = ids[:, mask[0].bool()]  # one row: its padding dropped
+            kept = int(mask[0].sum())
+            padding, ids = ids[:, :ids.shape[1] - kept], ids[:, ids.shape[1] - kept:]  # (left padding only)
         prompt = check_generation(self.target.config, ids, max_new_tokens, temperature, top_k, top_p)
         device = self.device  # once: the property walks the target's parameters
         prompt = prompt.to(device)
@@ -352,7 +360,10 @@ class SpeculativeGenerator:
         stats.probes = auto.probes if auto is not None else 0
         if streamer is not None:
             streamer.end()
-        return SpeculativeOutput(seq[:length][None].clone(), stats)
+        sequences = seq[:length][None].clone()  # [1, prompt + new]
+        if padding is not None and padding.shape[1]:
+            sequences = torch.cat([padding.to(device), sequences], 1)
+        return SpeculativeOutput(sequences, stats)
 
     def _generate_batch(self, ids, mask, max_new_tokens, temperature, top_k, top_p, generator, streamer,
                         generation_config, logits_processor, profile, generation_kwargs) -> SpeculativeOutput:

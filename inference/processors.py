@@ -45,6 +45,30 @@ SAMPLING_ONLY = {"min_p": (None, 0, 0.0), "typical_p": (None, 1, 1.0), "epsilon_
                  "eta_cutoff": (None, 0, 0.0), "top_h": (None,)}
 
 
+DEFAULT_MAX_NEW_TOKENS = 128  # ``SpeculativeGenerator.generate``'s length when the call sets none
+
+
+def call_max_new_tokens(max_new_tokens: int | None, prompt_len: int, generation_config=None,
+                        kwargs: dict | None = None) -> int:
+    """How many tokens a ``generate`` call asks for: ``max_new_tokens`` when given; else what the call's own
+    ``generation_config`` or keywords set, read as ``generate`` reads them (``max_new_tokens`` before
+    ``max_length``, which counts the prompt's ``prompt_len`` tokens, padding included); else
+    DEFAULT_MAX_NEW_TOKENS. A ``max_length`` that leaves no room after the prompt is a one-line ValueError."""
+    if max_new_tokens is not None:
+        return max_new_tokens
+    config = generation_config if isinstance(generation_config, GenerationConfig) else None
+    asked = getattr(config, "max_new_tokens", None)
+    if asked is not None:
+        return asked
+    length = (kwargs or {}).get("max_length", getattr(config, "max_length", None))
+    if length is None:
+        return DEFAULT_MAX_NEW_TOKENS
+    if isinstance(length, bool) or not isinstance(length, int) or length <= prompt_len:
+        raise ValueError(f"max_length={length!r} leaves no room after the prompt's {prompt_len} tokens: pass "
+                         f"max_new_tokens (new tokens, the prompt not counted) or a max_length > {prompt_len}")
+    return length - prompt_len
+
+
 @dataclasses.dataclass
 class GenerationSetup:
     """What ``generate`` would use for one call: the processors (empty: nothing to apply), the EOS ids, and the

@@ -227,7 +227,9 @@ def test_a_batch_of_one_row_and_a_mask_of_ones_equal_the_single_row_call(family)
     single = gen.generate(prompt, max_new_tokens=16)
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], 1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(prompt)], 1)
-    assert torch.equal(gen.generate(padded, attention_mask=mask, max_new_tokens=16).sequences, single.sequences)
+    out = gen.generate(padded, attention_mask=mask, max_new_tokens=16).sequences  # the padding kept, as generate does
+    assert torch.equal(out, torch.cat([padded[:, :3], single.sequences], 1))
+    assert torch.equal(gen.generate(padded[0], attention_mask=mask[0], max_new_tokens=16).sequences, out)  # [T] too
     same = gen.generate(prompt.expand(3, -1), max_new_tokens=16)  # no mask: no row is padded
     assert all(torch.equal(row, single.sequences[0]) for row in same.sequences)
 
@@ -324,6 +326,10 @@ def test_bad_batches_get_one_line_errors(family):
         gen.generate(ids, max_new_tokens=4, generation_config=GenerationConfig(max_new_tokens=4))
     with pytest.raises(ValueError, match="right padding.*padding_side = 'left'"):
         gen.generate(ids, attention_mask=mask.flip(1), max_new_tokens=4)
+    holed = torch.ones_like(mask)
+    holed[1, 2] = 0
+    with pytest.raises(ValueError, match=r"attention_mask row\(s\) \[1\] have a hole"):
+        gen.generate(ids, attention_mask=holed, max_new_tokens=4)
     with pytest.raises(ValueError, match="a streamer takes one sequence"):
         gen.generate(ids, attention_mask=mask, max_new_tokens=4, streamer=SimpleNamespace(put=print, end=print))
     with pytest.raises(ValueError, match=r"longest row \(\d+ tokens\) \+ max_new_tokens"):

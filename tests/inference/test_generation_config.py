@@ -79,6 +79,27 @@ def test_generation_config_of_the_model_is_read(family):
         target.generation_config = saved
 
 
+def test_the_length_set_in_the_call_is_generates(family):
+    """Without ``max_new_tokens``, the call's own generation_config or keyword sets the length as in generate
+    (max_new_tokens before max_length, which counts the prompt); none set: 128. A max_length inside the prompt
+    is a one-line error."""
+    target, prompt = family.target, family.prompts[0]
+    gen = SpeculativeGenerator(target, PromptLookup(max_matches=4), tree=None)
+    t = prompt.shape[1]
+    calls = [dict(generation_config=GenerationConfig(max_new_tokens=5)), dict(max_length=t + 7),
+             dict(generation_config=GenerationConfig(max_length=t + 6)),
+             dict(generation_config=GenerationConfig(max_new_tokens=4), max_length=t + 9)]
+    for kwargs in calls:
+        ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, pad_token_id=0,
+                              eos_token_id=None, **kwargs)
+        out = gen.generate(prompt, eos_token_id=None, **kwargs)
+        assert torch.equal(out.sequences, ref) and ref.shape[1] < t + 10, kwargs
+    assert gen.generate(prompt, max_new_tokens=3, max_length=t + 9, eos_token_id=None).stats.new_tokens == 3
+    assert gen.generate(prompt, eos_token_id=None).stats.new_tokens == 128
+    with pytest.raises(ValueError, match=rf"max_length={t} leaves no room after the prompt's {t} tokens"):
+        gen.generate(prompt, max_length=t)
+
+
 class Recorder:
     """A streamer in transformers' protocol: put(tensor) per step, end() once."""
 
