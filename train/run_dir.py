@@ -38,19 +38,55 @@ def config_diff(old: dict, new: dict, ignore=RESUMABLE_DIFFS, prefix: str = "") 
     return diff
 
 
+def inputs_inside(out: Path, run_config: dict) -> list[str]:
+    """Dotted keys of ``run_config`` naming an existing file or folder that is ``out`` or lies inside it (the run's
+    data, features, initial heads ...): what replacing ``out`` would delete."""
+    root, found = out.resolve(), []
+
+    def walk(value, key: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k != "output_dir":
+                    walk(v, f"{key}.{k}" if key else k)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v, key)
+        elif isinstance(value, str) and value:
+            try:
+                path = Path(value).expanduser().resolve()
+            except (OSError, RuntimeError, ValueError):
+                return
+            if (path == root or root in path.parents) and path.exists() and key not in found:
+                found.append(key)
+
+    walk(run_config, "")
+    return found
+
+
 def output_dir_problem(out: Path, run_config: dict, *, overwrite: bool, resume: bool,
                        ignore=RESUMABLE_DIFFS) -> str | None:
-    """Why ``out`` cannot take this run (None: it can), read without writing anything."""
+    """Why ``out`` cannot take this run (None: it can), read without writing anything. ``overwrite`` replaces a
+    folder that holds a headway run (or nothing), never one holding other files or this run's own inputs."""
     if out.exists() and not out.is_dir():
         return f"train.output_dir {out} is a file; the output folder must be a folder (or not exist yet)"
-    if overwrite or not out.is_dir():
+    if not out.is_dir():
         return None
     saved = out / RUN_CONFIG_NAME
+    # a temporary file of run_config.json's atomic write (killed mid-write): the run never started
+    others = [child.name for child in sorted(out.iterdir()) if not atomic_leftover(child, RUN_CONFIG_NAME)]
+    if overwrite:
+        inside = inputs_inside(out, run_config)
+        if inside:
+            return (f"train.overwrite would delete {out}, which holds this run's own input ({', '.join(inside)}); "
+                    "choose another train.output_dir")
+        if others and not saved.is_file():
+            return (f"{out} holds files but no headway run ({', '.join(others[:3])}); train.overwrite replaces a "
+                    "run's folder only: choose another train.output_dir, or empty that folder yourself")
+        return None
     if not saved.is_file():
-        # a temporary file of run_config.json's atomic write (killed mid-write): the run never started
-        if any(not atomic_leftover(child, RUN_CONFIG_NAME) for child in out.iterdir()):
-            return (f"{out} is not empty and holds no headway run; choose another train.output_dir or pass "
-                    "train.overwrite=true")
+        if others:
+            return (f"{out} is not empty and holds no headway run ({', '.join(others[:3])}); choose another "
+                    "train.output_dir")
         return None
     try:
         old = json.loads(saved.read_text())

@@ -183,6 +183,8 @@ def convert(src, out, to: str, *, fmt_from: str | None = None, overwrite: bool =
         raise ValueError(f"convert got unknown option(s) {unknown}; known: {sorted(LOAD_OPTIONS + EXPORT_OPTIONS)}")
     if Path(out).resolve() == Path(src).resolve():
         raise ValueError(f"the output folder {out} is the source folder; write the conversion elsewhere")
+    if Path(out).resolve() in Path(src).resolve().parents:
+        raise ValueError(f"the output folder {out} holds the source folder {src}; write the conversion elsewhere")
     model = _target_model(target)
     drafter = load_any(src, fmt_from, target=model, **{k: v for k, v in kwargs.items() if k in LOAD_OPTIONS})
     if "target_name_or_path" not in kwargs and isinstance(target, (str, os.PathLike)):

@@ -23,8 +23,14 @@ def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwr
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} exists and is not a folder; choose another output folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out} is not empty; choose another folder or pass overwrite=True to replace it")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ValueError(f"{out} is not empty; choose another folder or pass overwrite=True (--overwrite) to "
+                             "replace it")
+        if not (out / CONFIG_NAME).is_file():  # overwrite replaces a drafter's folder, not a folder of other files
+            names = ", ".join(sorted(child.name for child in out.iterdir())[:3])
+            raise ValueError(f"{out} holds files but no drafter ({names}); overwrite replaces a drafter's folder "
+                             "only: choose another folder, or empty that one yourself")
     with atomic_folder(out, f".{out.name}.export-", replace=True) as tmp:
         weights = {k: v.contiguous() for k, v in tensors.items()}
         if weights_name.endswith(".safetensors"):

@@ -152,7 +152,14 @@ def load_target(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = N
             f"{name_or_path!r} is a {config.model_type!r} model, not a causal language model; "
             "headway needs a model that AutoModelForCausalLM can load (Llama, Qwen2, Mistral, GPT-2, ...)"
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    from safetensors import SafetensorError
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, EOFError, SafetensorError, RuntimeError) as exc:  # missing, truncated or corrupt weights
+        hint = "" if isinstance(exc, OSError) else "; a weight file is corrupt or cut short: download or copy it again"
+        raise ValueError(f"cannot load the weights of {name_or_path!r}: {first_line(exc)}{hint}") from None
+    model = model.to(device).eval()
     tokenizer = load_tokenizer(path)
     if adapter is not None:
         model = apply_adapter(model, adapter, merge)

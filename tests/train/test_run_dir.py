@@ -55,13 +55,24 @@ def test_refusals_are_read_without_writing(tmp_path):
     assert "is a file" in problem(tmp_path / "file") and "is a file" in problem(tmp_path / "file", overwrite=True)
     (tmp_path / "stray").mkdir()
     (tmp_path / "stray" / "notes.txt").write_text("mine")
-    assert "not empty and holds no headway run" in problem(tmp_path / "stray")
-    assert problem(tmp_path / "stray", overwrite=True) is None
+    assert "not empty and holds no headway run (notes.txt)" in problem(tmp_path / "stray")
+    # overwrite replaces a run's folder, never one of other files, nor one holding this run's own input
+    assert "holds files but no headway run (notes.txt)" in problem(tmp_path / "stray", overwrite=True)
+    assert problem(tmp_path / "absent", overwrite=True) is None
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "run_config.json").write_text(json.dumps(RUN))
     assert problem(tmp_path / "run") is None
     assert problem(tmp_path / "run", {**RUN, "train": {"lr": 0.001, "log_every": 1}}) is None  # resumable field
     assert "differs in train.lr" in problem(tmp_path / "run", {**RUN, "train": {"lr": 0.1, "log_every": 10}})
+    assert problem(tmp_path / "run", overwrite=True) is None
+    (tmp_path / "run" / "data.jsonl").write_text("{}\n")
+    (tmp_path / "run" / "feats").mkdir()
+    reads = {**RUN, "data": {"source": str(tmp_path / "run" / "data.jsonl"), "mix": [{"source": "x"}]},
+             "features": str(tmp_path / "run" / "feats"), "output_dir": str(tmp_path / "run")}
+    assert "would delete" in problem(tmp_path / "run", reads, overwrite=True)
+    assert "own input (data.source, features)" in problem(tmp_path, reads, overwrite=True)  # an ancestor too
+    (tmp_path / "run" / "data.jsonl").unlink()
+    (tmp_path / "run" / "feats").rmdir()
     (tmp_path / "run" / "run_config.json").write_text("{cut")
     assert "not valid JSON" in problem(tmp_path / "run")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "run", "stray"]

@@ -113,10 +113,17 @@ def test_refuses_to_overwrite(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match="not empty; .* overwrite=True"):
         convert(src, tmp_path / "out", "medusa-v0.1")
     assert file_names(tmp_path / "out") == ["keep.txt"]
+    with pytest.raises(ValueError, match="holds files but no drafter"):  # overwrite replaces a drafter's folder only
+        convert(src, tmp_path / "out", "medusa-v0.1", overwrite=True)
+    (tmp_path / "out" / "keep.txt").unlink()
+    convert(src, tmp_path / "out", "headway")
     convert(src, tmp_path / "out", "medusa-v0.1", overwrite=True)
     assert file_names(tmp_path / "out") == ["config.json", "medusa_lm_head.pt"]
     with pytest.raises(ValueError, match="is the source folder"):
         convert(src, src, "headway", overwrite=True)
+    with pytest.raises(ValueError, match="holds the source folder"):  # replacing it would delete the source
+        convert(src, tmp_path, "headway", overwrite=True)
+    assert file_names(src)
     with pytest.raises(ValueError, match="cannot convert a Linear"):
         export_any(nn.Linear(2, 2), tmp_path / "x", "headway")
 

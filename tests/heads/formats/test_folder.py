@@ -40,8 +40,14 @@ def test_a_non_empty_folder_is_replaced_only_with_overwrite(tmp_path):
     with pytest.raises(ValueError, match=r"out is not empty; choose another folder or pass overwrite=True"):
         write_folder(out, {}, TENSORS, overwrite=False)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
-    write_folder(out, {"a": 1}, TENSORS, overwrite=True)
+    with pytest.raises(ValueError, match=r"out holds files but no drafter \(keep.txt\); overwrite replaces"):
+        write_folder(out, {}, TENSORS, overwrite=True)  # not a drafter's folder: never replaced
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    write_folder(out, {"a": 0}, TENSORS, overwrite=False)
+    write_folder(out, {"a": 1}, TENSORS, overwrite=True)  # a drafter's folder: replaced
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text()) == {"a": 1}
     (tmp_path / "empty").mkdir()
     write_folder(tmp_path / "empty", {}, TENSORS, overwrite=False)  # an empty folder is no one's data
     (tmp_path / "file").write_text("x")
