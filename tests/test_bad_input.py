@@ -79,6 +79,31 @@ def test_run_config_values_are_named_before_anything_loads(tmp_path, monkeypatch
     assert Path("a-file").read_text() == "mine" and not Path("out").exists()
 
 
+def test_settings_no_trainer_would_honour_are_named(tmp_path, monkeypatch, capsys):
+    """A drafter size the trainer takes from the target, a block longer than any training sequence, sequences
+    longer than the target's positions: each refused by name (they were dropped, trained nothing, or crashed)."""
+    monkeypatch.chdir(tmp_path)
+    cases = [(["train", "eagle", "--config", "eagle/eagle3-tiny", "eagle.hidden_size=48"], ["eagle.hidden_size"]),
+             (["train", "peagle", "--config", "peagle/tiny", "peagle.rope_theta=5.0"], ["peagle.rope_theta"]),
+             ([*TRAIN, "heads.vocab_size=10"], ["heads.vocab_size is taken from the target"]),
+             (["train", "dflash", "--config", "dflash/tiny", "dflash.block_size=1000"],
+              ["dflash.block_size=1000 exceeds data.max_length=64"]),
+             (["train", "peagle", "--config", "peagle/tiny", "peagle.parallel_depths=100"],
+              ["peagle.parallel_depths=100 exceeds data.max_length"]),
+             ([*TRAIN, "data.max_length=5000"], ["data.max_length=5000 exceeds the target's context (1024"])]
+    empty = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}]}
+    Path("empty.jsonl").write_text("".join(json.dumps(empty) + "\n" for _ in range(50)))
+    cases.append(([*TRAIN, "data.source=empty.jsonl"], ["every assistant turn in", "is empty (50 records)"]))
+    for argv, fragments in cases:
+        assert_refused([*argv, "train.trackers=[]", "train.output_dir=out"], capsys, *fragments)
+    # train.overwrite replaces a run's folder, never a folder of other files (it deleted them)
+    Path("mine").mkdir()
+    Path("mine/data.jsonl").write_text("{}\n")
+    assert_refused([*TRAIN, "train.output_dir=mine", "train.overwrite=true"], capsys,
+                   "holds files but no headway run (data.jsonl)")
+    assert Path("mine/data.jsonl").read_text() == "{}\n" and not Path("out").exists()
+
+
 def test_overrides_stand_anywhere_among_the_arguments(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     # after --model: read as an override (it names the missing cache), not "unrecognized arguments"

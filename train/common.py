@@ -49,6 +49,10 @@ def setup_run(model: str, features: str, data: DataConfig, train: TrainConfig,
     with whole_weights(acc):
         target, tokenizer = load_target(model, device=acc.device)
     freeze(target)
+    context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+    if context is not None and data.max_length > context:  # past it a target's positions are untrained or absent
+        raise ValueError(f"data.max_length={data.max_length} exceeds the target's context ({context} positions, "
+                         f"max_position_embeddings): set data.max_length <= {context}")
     set_seed(train.seed)  # the drafter built next initialises from train.seed
     if features == "online":
         with acc.main_process_first():
@@ -127,10 +131,33 @@ def parse_run_args(config_class, description: str, example: str, argv: list[str]
     return load_config(config_class, config, [*shortcuts, *args.overrides])
 
 
+# a drafter config's fields that every trainer takes from the target's config (``from_target``), never the run's
+FROM_TARGET = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "intermediate_size", "hidden_act", "rms_norm_eps", "rope_theta", "rope_scaling",
+               "max_position_embeddings", "num_target_layers", "base_model_name_or_path")
+
+
+def check_sizes_unset(cfg) -> None:
+    """A one-line ValueError for a drafter size set in the run config (``eagle.hidden_size=48``): the trainer
+    takes it from the target, so the setting would be silently dropped."""
+    for section in dataclasses.fields(cfg):
+        value = getattr(cfg, section.name)
+        if not dataclasses.is_dataclass(value):
+            continue
+        if not any(field.name in FROM_TARGET for field in dataclasses.fields(value)):
+            continue
+        default = type(value)()  # (as the run config builds it: fields derived from others included)
+        for field in dataclasses.fields(value):
+            if field.name in FROM_TARGET and getattr(value, field.name) != getattr(default, field.name):
+                raise ValueError(f"{section.name}.{field.name} is taken from the target model's config, not from "
+                                 "the run's: remove it (pick another target with model= to change it)")
+
+
 def check_run(cfg) -> None:
     """What a run checks before it loads a model or writes a file: its output folder (a file, another
     run, a non-empty folder holding none), its data source or feature cache, and a drafter folder the
     config names (``heads_init``). Raises the one-line error the command prints."""
+    check_sizes_unset(cfg)
     train = cfg.train
     # the accelerator may still turn train.fsdp on (an accelerate FSDP config): the loop compares that field
     check_output_dir(train.output_dir, to_dict(cfg), overwrite=train.overwrite, resume=train.resume,

@@ -191,11 +191,18 @@ def build_datasets(cfg: DataConfig, tokenizer, model_name: str) -> tuple[list[di
         conversations = load_conversations(source, cfg.split)
     if cfg.max_examples is not None:
         conversations = conversations[: cfg.max_examples]
-    examples = []
+    examples, empty = [], 0
     for messages in conversations:
+        answers = [str(m.get("content") or "") for m in messages if m.get("role") == "assistant"]
+        if answers and not any(a.strip() for a in answers):
+            empty += 1  # no answer text: only the chat template's tokens would be learnt (a perfect, empty score)
+            continue
         example = tokenize_conversation(tokenizer, messages, cfg.max_length)
         if any(example["loss_mask"]):  # nothing to learn from a conversation without assistant tokens
             examples.append(example)
+    if conversations and empty == len(conversations):
+        raise ValueError(f"every assistant turn in {source} is empty ({empty} records): nothing to learn; check the "
+                         "records' content (OpenAI 'content', ShareGPT 'value')")
     if not examples:
         raise ValueError(
             f"no training examples left after tokenizing {source}: {len(conversations)} records loaded, "

@@ -62,6 +62,12 @@ class PEagleRunConfig:
     loss: PEagleLossConfig = dataclasses.field(default_factory=PEagleLossConfig)
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(output_dir="outputs/peagle"))
 
+    def __post_init__(self):
+        if self.peagle.parallel_depths > self.data.max_length:
+            raise ValueError(f"peagle.parallel_depths={self.peagle.parallel_depths} exceeds data.max_length="
+                             f"{self.data.max_length}: no training sequence holds one of its blocks; lower it or "
+                             "raise data.max_length")
+
 
 def parallel_mask(n: int, depths: int, device) -> torch.Tensor:
     """[K*N, K*N] bool, True where a row may look: rows are N real positions then N slots per depth 1..K-1

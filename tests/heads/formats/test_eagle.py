@@ -383,6 +383,10 @@ def test_export_refusals_and_atomic_replace(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match="not empty; .* overwrite=True"):
         export_eagle(head, out, "eagle")
     assert (out / "keep.txt").exists()
+    with pytest.raises(ValueError, match="holds files but no drafter"):  # overwrite replaces a drafter's folder only
+        export_eagle(head, out, "eagle", overwrite=True)
+    (out / "keep.txt").unlink()
+    export_eagle(head, out, "eagle")
     export_eagle(head, out, "eagle", overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folders left beside it
