@@ -326,8 +326,6 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = list(results)
-    if not groups:  # nothing was run (no prompts in any group): nothing to draw
-        return
     cols = min(4, len(groups))
     rows = -(-len(groups) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
@@ -373,7 +371,8 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="prompts from a file instead of the task groups, grouped by category: MT-bench's question.jsonl "
                         "(question_id, category, turns) or ShareGPT/OpenAI records; --per-group caps each category")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--draft-layers", type=int, default=6, help="early-exit draft model depth (0: skip)")
+    p.add_argument("--draft-layers", type=int, help="early-exit draft model depth: 1..(the target's layers - 1), or "
+                                                   "0: skip (default: 6, at most the target's layers - 1)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="the target's dtype (auto: bf16 on GPUs that support it, else fp32); greedy output is "
                         "identical to plain greedy in fp32, while in bf16/fp16 the wider verification pass rounds "
@@ -399,40 +398,48 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
     return p
 
 
-def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
-    """Run the benchmark with command-line arguments ``argv`` (None: sys.argv); returns the per-group summaries."""
-    p = build_parser(parser_class)
-    args = p.parse_args(argv)
-    families = [f for f in args.methods.split(",") if f]
-    if set(families) - set(FAMILIES):
-        p.error(f"unknown --methods {sorted(set(families) - set(FAMILIES))}; choose from {list(FAMILIES)}")
-    if args.repeats < 1:
-        p.error(f"--repeats must be >= 1, got {args.repeats}")
+def check_args(args, p) -> tuple:
+    """The checks before the model loads (one-line usage errors: ``p.error``); returns (prompt groups, Medusa heads
+    folder, EAGLE folders)."""
+    for flag, given, known in (("--methods", args.families, FAMILIES), ("--eagle-trees", args.eagle_trees.split(","),
+                               EAGLE_TREES), ("--hybrid-retrieval", args.hybrid_retrieval.split(","), RETRIEVAL_PARTS)):
+        if unknown := sorted(set(given) - {""} - set(known)):
+            p.error(f"unknown {flag} {unknown}; choose from {list(known)}")
+    for name, least in dict(threads=1, max_new_tokens=1, repeats=1, prompts=0, copy_prompts=0, per_group=0,
+                            draft_layers=0).items():  # (--draft-layers unset: None, resolved once the target loads)
+        if (getattr(args, name) or 0) < least:
+            p.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
+    has = {"medusa": args.heads or Path(DEMO_HEADS, "config.json").is_file(), "draft-model": args.draft_layers != 0,
+           **{kind: getattr(args, kind) for kind in ("eagle", *ONE_PASS_KINDS)}}  # a family --methods names needs its drafter
+    for f in [f for f in args.families if not has.get(f, True)] if args.methods != ",".join(FAMILIES) else []:
+        p.error(f"--methods {f} needs " + {"medusa": "--heads FOLDER", "draft-model": "--draft-layers N (N >= 1)"}.get(f, f"--{f} FOLDER"))
     try:  # before the model loads: too many held-out prompts fails at once
         chat_prompts(args.prompts)
     except ValueError as exc:
         p.error(f"--prompts {args.prompts}: {exc}")
-    try:
-        groups = prompt_groups(args)
+    try:  # an unknown group, a prompts file that does not exist, a drafter folder of another kind
+        if not (groups := prompt_groups(args)):
+            p.error(f"no prompts to run: --prompts-file {args.prompts_file} holds none" if args.prompts_file else
+                    f"no prompts to run: --groups {args.groups} selects none with --prompts {args.prompts} (chat), --copy-prompts {args.copy_prompts} (copy) and --per-group {args.per_group} (the others); raise a count")
+        return (groups, *drafter_folders(args))
     except (ValueError, FileNotFoundError) as exc:
         p.error(str(exc))
-    args.families = families
-    eagle_trees = [t for t in args.eagle_trees.split(",") if t]
-    unknown = sorted(set(eagle_trees) - set(EAGLE_TREES))
-    if unknown:
-        p.error(f"unknown --eagle-trees {unknown}; choose from {list(EAGLE_TREES)}")
-    unknown = sorted({k for k in args.hybrid_retrieval.split(",") if k} - set(RETRIEVAL_PARTS))
-    if unknown:
-        p.error(f"unknown --hybrid-retrieval {unknown}; choose from {list(RETRIEVAL_PARTS)}")
-    try:  # a drafter folder named that does not exist or holds another kind
-        heads_dir, eagle_dirs = drafter_folders(args)
-    except (ValueError, FileNotFoundError) as exc:
-        p.error(str(exc))
+
+
+def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
+    """Run the benchmark with command-line arguments ``argv`` (None: sys.argv); returns the per-group summaries."""
+    p = build_parser(parser_class)
+    args = p.parse_args(argv)
+    args.families = families = [f for f in args.methods.split(",") if f]
+    groups, heads_dir, eagle_dirs = check_args(args, p)
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.model, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     eos = tokenizer.eos_token_id
+    if (args.draft_layers or 0) >= (layers := target.config.num_hidden_layers):  # 0 (skip) or 1..layers - 1
+        p.error(f"--draft-layers {args.draft_layers} must be 0 (skip) or 1..{layers - 1}: {args.model} has {layers} layers")
+    args.draft_layers = min(6, layers - 1) if args.draft_layers is None else args.draft_layers  # unset: 6, at most that
     packed = pack_linears(target) if args.pack_linears else 0
-    table = methods(target, heads_dir, args.draft_layers, eagle_dirs, eagle_trees,
+    table = methods(target, heads_dir, args.draft_layers, eagle_dirs, [t for t in args.eagle_trees.split(",") if t],
                     [t for t in args.medusa_trees.split(",") if t], families,
                     args.lookup and [k for k in args.hybrid_retrieval.split(",") if k],
                     {kind: getattr(args, kind) for kind in ONE_PASS_KINDS if kind in families}, args.graphs_off)
@@ -441,14 +448,14 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
         if kind == "headway":
             method.prepare()
     groups = fitting_groups(groups, tokenizer, context_length(target.config), args.max_new_tokens)
+    if not groups:  # before anything is written
+        p.error(f"no prompts to run: none fits the target's context with --max-new-tokens {args.max_new_tokens}")
     if device.type != "cpu":  # first calls on a GPU pay for kernel selection and allocator growth: not timed
         warm = tokenizer("Hello there, how are you today?", return_tensors="pt")["input_ids"].to(device)
         for kind, method in table.values():
             run_one(kind, method, target, warm, 8, eos)
-    runs = []  # one (raw rows, prefill seconds) per repeat of the whole prompt set
-    for r in range(args.repeats):
-        runs.append(run_prompts(table, target, tokenizer, groups, args.max_new_tokens, eos, device,
-                                f"run {r + 1}/{args.repeats}, " if args.repeats > 1 else ""))
+    runs = [run_prompts(table, target, tokenizer, groups, args.max_new_tokens, eos, device, f"run {r + 1}/{args.repeats}, "
+                        if args.repeats > 1 else "") for r in range(args.repeats)]  # per repeat: (raw rows, prefill s)
     raw = {g: {name: [row for run, _ in runs for row in run[g][name]] for name in table} for g in groups}
     prefill = {g: sum(pre[g] for _, pre in runs) for g in groups}
     results = {g: {name: summarize(rows, raw[g]["plain"], prefill[g]) for name, rows in per.items()}

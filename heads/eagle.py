@@ -83,7 +83,7 @@ class EagleConfig(DrafterConfig):
                 self.feature_layers = default_feature_layers(self.version, self.num_target_layers)
             self.feature_layers = check_feature_layers(self.feature_layers, self.num_target_layers)
         elif self.feature_layers is not None:
-            self.feature_layers = check_feature_layers(self.feature_layers, max(self.feature_layers + [0]))
+            self.feature_layers = check_feature_layers(self.feature_layers, None)  # the target's depth: unknown yet
         if self.version == 1 and self.feature_layers is not None and len(self.feature_layers) != 1:
             raise ValueError(f"EAGLE-1 reads one feature layer, got feature_layers={self.feature_layers}")
         if self.version == 1 and self.num_target_layers is not None and self.feature_layers != [self.num_target_layers]:

@@ -12,10 +12,12 @@ import functools
 import importlib
 import json
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 EXIT_USAGE = 2
+CHAT_JSON = "a JSON list of {role, content} messages"  # what generate --chat-file takes, besides plain text
 TRAIN_EPILOG = """\
 --config takes a YAML file or the name of a shipped config: {shipped}.
 
@@ -43,8 +45,6 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
     """Help text wrapped without breaking names at hyphens (``vllm-medusa`` stays whole)."""
 
     def _split_lines(self, text, width):
-        import textwrap
-
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
@@ -122,24 +122,33 @@ def add_train(sub) -> None:
 
 def read_conversations(args) -> list[list[dict]]:
     """Each --prompt TEXT (one user message; several: one batch), or --chat-file: a JSON list of {role, content}
-    messages (or {"messages": [...]}), any other file being one user message."""
+    messages (or {"messages": [...]}), any other text file being one user message (a *.json file must be JSON)."""
     if args.prompt is not None:
         return [[{"role": "user", "content": text}] for text in args.prompt]
     path = Path(args.chat_file)
     if not path.is_file():
         raise FileNotFoundError(f"chat file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return [[{"role": "user", "content": text}]]
-    if not isinstance(data, (list, dict)):
-        return [[{"role": "user", "content": text}]]
+        data = json.loads(text := path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"chat file {path} is not UTF-8 text (byte {exc.start}): pass a text file or {CHAT_JSON}")
+    except json.JSONDecodeError as exc:
+        if text.strip() and path.suffix.lower() == ".json":
+            raise ValueError(f"chat file {path} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})")
+        data = text
+    if isinstance(data, dict) and not {"messages", "conversations"} & data.keys():  # e.g. one message, unlisted
+        raise ValueError(f"chat file {path} holds an object, not a list: expected {CHAT_JSON} (one too: [{{...}}])")
     from headway.train.records import normalize_record
 
-    messages = normalize_record(data if isinstance(data, dict) else {"messages": data})
-    if not messages:
-        raise ValueError(f"chat file {path} holds no messages")
+    try:  # a text file (or a JSON string or number): one user message
+        data = data if isinstance(data, (list, dict)) else [{"role": "user", "content": text}]
+        messages = normalize_record(data if isinstance(data, dict) else {"messages": data})
+    except ValueError as exc:
+        raise ValueError(f"chat file {path}: {exc}") from None
+    if (empty := next((i for i, m in enumerate(messages, 1) if not m["content"].strip()), 0)) or not messages:
+        raise ValueError(f"chat file {path} " + ("is empty" if not text.strip() else f"holds message {empty} without "
+                         "content" if empty else "holds no messages") + f": write the prompt in it, as text or as "
+                         f"{CHAT_JSON} with non-empty content")
     return [messages]
 
 
@@ -185,14 +194,12 @@ def build_drafter(args, target_tokenizer, device):
     """The drafter the flags ask for, or None for plain decoding. A model drafter gets retrieval beside it
     (one hybrid drafter; ``--retrieval``, suffix decoding by default) unless --no-lookup, or unless it cannot join
     a hybrid (LayerSkip: verification resumes from its own chain's early-layer states), which drafts alone."""
-    from headway.inference import PromptLookup
+    from headway.inference import Lookahead, PromptLookup
     from headway.inference.hybrid import retrieval_parts
 
     if args.prompt_lookup:
         return PromptLookup()
     if args.lookahead:
-        from headway.inference import Lookahead
-
         return Lookahead()
     model = None
     if args.drafter:
@@ -225,16 +232,14 @@ def count_new(row, prompt_len: int, eos, pad) -> int:
     return next((i + 1 for i, t in enumerate(new) if t in stops), len(new))
 
 
-def sampling_of(args) -> dict:
-    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-
-
 def run_generate(args) -> int:
     import torch
     from transformers import TextStreamer
 
+    from headway.heads.base import read_config_file, resolve_folder
     from headway.heads.registry import saved_kind
     from headway.heads.target import load_target, resolve_device
+    from headway.inference import SpeculativeGenerator, pack_linears
     from headway.inference.inputs import check_generation, check_settings, fit_context
 
     # bad input fails before any model loads: the same settings checks for plain and speculative decoding
@@ -248,8 +253,6 @@ def run_generate(args) -> int:
     check_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     device = resolve_device(args.device)
     if args.drafter:
-        from headway.heads.base import read_config_file, resolve_folder
-
         read_config_file(resolve_folder(args.drafter))  # a missing folder, or one holding no headway drafter
     conversations = read_conversations(args)
     target, tokenizer = load_target(*[args.model] * bool(args.model), device=device)
@@ -261,12 +264,12 @@ def run_generate(args) -> int:
     pad = pad if pad is not None else tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         (eos[0] if isinstance(eos, list) else eos)
     rows = [prompt_ids(tokenizer, m, not args.no_chat_template)[0] for m in conversations]
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     for row in rows:  # e.g. a prompt over the context
-        check_generation(target.config, row, args.max_new_tokens, **sampling_of(args))
+        check_generation(target.config, row, args.max_new_tokens, **sampling)
     ids, mask = (t.to(device) for t in left_padded(rows, pad))
     batch = ids.shape[0] > 1  # several prompts: one batch, each answer printed when all are done (no streaming)
     streamer = None if batch else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-    sampling = sampling_of(args)
     if drafter is None:  # plain decoding: the target's own generate, cut to the context as speculation is
         args.max_new_tokens = fit_context(target.config, ids.shape[1], args.max_new_tokens)
         if args.seed is not None:
@@ -279,8 +282,6 @@ def run_generate(args) -> int:
         seconds = time.perf_counter() - start
         passes, row_passes = seq.shape[1] - ids.shape[1], new  # a row's pass makes one token
     else:
-        from headway.inference import SpeculativeGenerator, pack_linears
-
         if args.pack_linears:
             pack_linears(target)  # float32 CPU only: the verification passes' GEMMs on prepacked weights
         generator = torch.Generator(device).manual_seed(args.seed) if args.seed is not None else None
@@ -375,8 +376,7 @@ class FormatChoices:
             return None
 
     def __contains__(self, name) -> bool:
-        formats = self.formats()
-        return formats is None or name in formats
+        return (formats := self.formats()) is None or name in formats
 
     def __iter__(self):
         return iter(self.formats() or ("(none: this installation has no converter)",))
@@ -477,12 +477,12 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(command="bench", run=run_bench, args=argv[1:])
     else:
         args, extra = parser.parse_known_args(argv)
-        # key=value overrides may stand anywhere, also after --model or --data (argparse stops a
-        # positional list at the first option and leaves what follows as unrecognized)
-        if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
-            args.overrides += extra
-        elif extra:
-            parser.error(f"unrecognized arguments: {' '.join(e for e in extra if e.startswith('-'))}")
+        if hasattr(args, "overrides"):  # key=value overrides may stand anywhere, also after --model or --data
+            args.overrides += [e for e in extra if not e.startswith("-")]  # (argparse stops a positional list at the
+            extra = [e for e in extra if e.startswith("-")]  # first option and leaves what follows as unrecognized)
+        if extra:  # every one named, and the subcommand's own help
+            where = " ".join(filter(None, ("headway", args.command, getattr(args, "method", None))))
+            parser.exit(EXIT_USAGE, f"error: unrecognized arguments: {' '.join(extra)} (see '{where} --help')\n")
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError) as exc:

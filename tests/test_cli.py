@@ -241,7 +241,57 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
     chat.write_text('[{"role": "wizard", "content": "hi"}]')
     capsys.readouterr()
     assert main(["generate", "--model", str(tiny_target), "--chat-file", str(chat)]) == 2
-    assert capsys.readouterr().err.startswith("error: unknown role 'wizard'")
+    assert capsys.readouterr().err.startswith(f"error: chat file {chat}: unknown role 'wizard'")
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("chat.json", '[{"role": "user", "content": "hi"}', "is not valid JSON: Expecting ',' delimiter (line 1, column 35)"),
+    ("chat.json", '{"role": "user", "content": "hi"}', "holds an object, not a list: expected a JSON list of {role, "
+                                                       "content} messages (one too: [{...}])"),
+    ("chat.json", "", "is empty: write the prompt in it"),
+    ("chat.txt", " \n", "is empty: write the prompt in it"),
+    ("chat.json", '[{"role": "user"}]', "holds message 1 without content"),
+    ("chat.json", '[{"role": "system", "content": "be brief"}, {"role": "user", "content": ""}]',
+     "holds message 2 without content"),
+    ("chat.json", "[]", "holds no messages"),
+    ("chat.txt", b"x" * 128 + b"\x80\x81", "is not UTF-8 text (byte 128)"),
+])
+def test_a_bad_chat_file_is_one_line_naming_the_file(name, content, problem, tmp_path, capsys):
+    """--chat-file: a *.json file with a syntax error, one message object not in a list, an empty file, a message
+    without content, a binary file: one line naming the file and the problem, before any model loads."""
+    from headway.cli import main
+
+    chat = tmp_path / name
+    chat.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert main(["generate", "--model", "no-such-model", "--chat-file", str(chat), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: chat file {chat} {problem}") and err.count("\n") == 1, err
+
+
+def test_a_text_chat_file_that_looks_like_json_is_one_user_message(tiny_target, tmp_path, capsys):
+    """Only a *.json file must be valid JSON: any other file's text is the user message, as it is."""
+    from headway.cli import main
+
+    chat = tmp_path / "chat.txt"
+    chat.write_text("[not json] " + PROMPT)
+    assert main(["generate", "--model", str(tiny_target), "--chat-file", str(chat), "--max-new-tokens", "6",
+                 "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == greedy_text(tiny_target, 6, "[not json] " + PROMPT) + "\n"
+
+
+@pytest.mark.parametrize("argv, shown, where", [
+    (["info", "FOLDER", "extra"], "extra", "headway info"),
+    (["convert", "a", "b", "c", "--to", "headway"], "c", "headway convert"),
+    (["generate", "--prompt", "hi", "stray", "--bogus"], "stray --bogus", "headway generate"),
+    (["train", "medusa", "--config", "medusa/tiny", "train.lr=1e-3", "--bogus"], "--bogus", "headway train medusa"),
+])
+def test_unrecognized_arguments_are_each_named_with_the_subcommands_help(argv, shown, where, capsys):
+    from headway.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == f"error: unrecognized arguments: {shown} (see '{where} --help')\n"
 
 
 def test_a_model_drafter_gets_suffix_decoding_beside_it_by_default():

@@ -61,12 +61,17 @@ def final_norm(model) -> torch.nn.Module:
                      f"{num_layers(model)} (after the final norm) is not available for it")
 
 
-def check_feature_layers(layers, depth: int, source: str = "feature_layers") -> list[int]:
-    """Validate layer ids against a target with ``depth`` decoder layers; returns them as ints."""
+def check_feature_layers(layers, depth: int | None, source: str = "feature_layers") -> list[int]:
+    """Validate layer ids against a target with ``depth`` decoder layers (None: not known yet, ids >= 0 only);
+    returns them as ints."""
     layers = [int(i) for i in layers]
     if not layers:
-        raise ValueError(f"{source} is empty: name at least one target layer (0..{depth})")
-    bad = [i for i in layers if not 0 <= i <= depth]
+        known = f"0..{depth}" if depth is not None else "0 = embeddings, i = the input of layer i"
+        raise ValueError(f"{source} is empty: name at least one target layer ({known})")
+    if depth is None and any(i < 0 for i in layers):
+        raise ValueError(f"{source} {layers} has negative ids: 0 = embeddings, i = the input of layer i, L = after "
+                         "the final norm of a target of L layers")
+    bad = [] if depth is None else [i for i in layers if not 0 <= i <= depth]
     if bad:
         raise ValueError(f"{source} {layers} has ids {bad} outside the target's depth: valid ids are 0..{depth} "
                          f"(0 = embeddings, i = the input of layer i, {depth} = after the final norm)")

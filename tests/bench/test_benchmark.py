@@ -126,10 +126,10 @@ def test_layerskip_peagle_and_dflash_run_their_chains_and_auto_with_identical_ou
             "dflash B=4 chain", "dflash B=4 auto + suffix", "dflash B=4 dynamic"} <= rows
     assert all(s["identical"] for per in results.values() for s in per.values())
     with pytest.raises(SystemExit):  # an EAGLE folder passed as --layerskip: one line, before the model loads
-        benchmark.main(args[:4] + ["--layerskip", str(tmp_path / "e")] + args[10:])
+        benchmark.main(args[:2] + ["--methods", "layerskip", "--layerskip", str(tmp_path / "e")] + args[10:])
     assert "holds a 'eagle' drafter, not a LayerSkip exit head; pass it with --eagle" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a P-EAGLE folder passed as --dflash
-        benchmark.main(args[:4] + ["--dflash", str(tmp_path / "pe")] + args[10:])
+        benchmark.main(args[:2] + ["--methods", "dflash", "--dflash", str(tmp_path / "pe")] + args[10:])
     assert "holds a 'peagle' drafter, not a DFlash drafter; pass it with --peagle" in capsys.readouterr().err
 
 
@@ -169,3 +169,69 @@ def test_methods_run_in_the_reverse_order_on_every_other_prompt(monkeypatch):
     assert [r["identical"] for r in raw["g1"]["a"]] == [True, True]
     assert [r["identical"] for r in raw["g1"]["b"] + raw["g2"]["b"]] == [False, False, False]
     assert prefill == pytest.approx({"g1": 0.02, "g2": 0.01})
+
+
+BASE = ["bench", "--model", "tiny-random-llama", "--groups", "chat", "--prompts", "1", "--max-new-tokens", "4",
+        "--threads", "1"]
+
+
+def bench_refused(argv, capsys) -> str:
+    """`headway bench ARGV` in this process: exit status 2 and the one `error:` line on stderr, returned."""
+    from headway.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err  # transformers may draw a weight-loading progress bar first: the error is last
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert exc.value.code == 2 and len(errors) == 1 and err.strip().splitlines()[-1] == errors[0], err
+    assert "Traceback" not in err and errors[0].endswith(" (see 'headway bench --help')"), err
+    return errors[0]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    (["--draft-layers", "-1"], "--draft-layers must be >= 0, got -1"),
+    (["--prompts", "-2"], "--prompts must be >= 0, got -2"),
+    (["--copy-prompts", "-1"], "--copy-prompts must be >= 0, got -1"),
+    (["--per-group", "-1"], "--per-group must be >= 0, got -1"),
+    (["--prompts", "0"], "no prompts to run: --groups chat selects none with --prompts 0 (chat)"),
+    (["--groups", "code", "--per-group", "0"], "no prompts to run: --groups code selects none"),
+    (["--methods", "eagle"], "--methods eagle needs --eagle FOLDER"),
+    (["--methods", "lookup,peagle"], "--methods peagle needs --peagle FOLDER"),
+    (["--methods", "dflash"], "--methods dflash needs --dflash FOLDER"),
+    (["--methods", "layerskip"], "--methods layerskip needs --layerskip FOLDER"),
+    (["--methods", "medusa"], "--methods medusa needs --heads FOLDER"),
+    (["--methods", "draft-model", "--draft-layers", "0"], "--methods draft-model needs --draft-layers N (N >= 1)"),
+])
+def test_bad_counts_and_methods_without_their_drafter_are_refused_before_loading(flags, message, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """One line naming the flag, before the target loads and before anything is written (results.json stays)."""
+    monkeypatch.chdir(tmp_path)  # no quick-demo heads here (the default --heads)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target loaded")
+
+    monkeypatch.setattr(benchmark, "load_target", no_load)
+    err = bench_refused([*BASE, "--out", str(tmp_path / "out"), *flags], capsys)
+    assert err.startswith(f"error: {message}"), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_draft_layers_must_leave_the_target_a_layer_and_default_to_what_fits(tmp_path, capsys):
+    """--draft-layers N: 0 (skip) or 1..(target layers - 1), checked once the target loads and before anything runs
+    or is written; unset it is 6, cut to what the target has (tiny-random-llama: 2 layers, so 1)."""
+    import json
+
+    out = tmp_path / "out"
+    for n in ("2", "99"):
+        err = bench_refused([*BASE, "--methods", "draft-model", "--draft-layers", n, "--out", str(out)], capsys)
+        assert err.startswith(f"error: --draft-layers {n} must be 0 (skip) or 1..1: tiny-random-llama has 2 layers")
+    assert not out.exists()
+    err = bench_refused([*BASE, "--methods", "hf-lookup", "--max-new-tokens", "1000000", "--out", str(out)], capsys)
+    assert err.startswith("error: no prompts to run: none fits the target's context with --max-new-tokens 1000000")
+    assert not out.exists()
+    results = benchmark.main([*BASE[1:], "--methods", "draft-model", "--out", str(out)])
+    assert "draft model: first 1 layers, chain-3" in results["chat"]
+    assert json.loads((out / "results.json").read_text())["args"]["draft_layers"] == 1

@@ -32,6 +32,10 @@ def test_layer_ids_are_checked_against_the_depth():
         check_feature_layers([-1, 0, 3], 2, "eagle.feature_layers")
     with pytest.raises(ValueError, match=r"^feature_layers \[1, 1\] names a layer twice$"):
         check_feature_layers([1, 1], 2)
+    # a run config's layers, before the target is loaded: no range claimed but ids >= 0
+    assert check_feature_layers([0, 5], None) == [0, 5]
+    with pytest.raises(ValueError, match=r"^eagle.feature_layers \[-1, 0, 1\] has negative ids: 0 = embeddings"):
+        check_feature_layers([-1, 0, 1], None, "eagle.feature_layers")
 
 
 def test_a_capture_holds_the_last_forward_and_leaves_no_hooks(tiny_llama):
