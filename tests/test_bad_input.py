@@ -94,6 +94,12 @@ def test_settings_no_trainer_would_honour_are_named(tmp_path, monkeypatch, capsy
     empty = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}]}
     Path("empty.jsonl").write_text("".join(json.dumps(empty) + "\n" for _ in range(50)))
     cases.append(([*TRAIN, "data.source=empty.jsonl"], ["every assistant turn in", "is empty (50 records)"]))
+    Path("bin.jsonl").write_bytes(bytes(range(256)) * 4)
+    Path("empty.yaml").write_text("# nothing set\n")
+    Path("bin.yaml").write_bytes(b"\x80\x81" * 64)
+    cases += [([*TRAIN, "data.source=bin.jsonl"], ["bin.jsonl is not UTF-8 text"]),
+              (["train", "medusa", "--config", "empty.yaml"], ["config file empty.yaml is empty"]),
+              (["train", "medusa", "--config", "bin.yaml"], ["config file bin.yaml is not UTF-8 text"])]
     for argv, fragments in cases:
         assert_refused([*argv, "train.trackers=[]", "train.output_dir=out"], capsys, *fragments)
     # train.overwrite replaces a run's folder, never a folder of other files (it deleted them)

@@ -138,9 +138,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}): pass a YAML file") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if data is None:  # an empty file would silently train the defaults (the smollm2-135m run)
+        raise ConfigError(f"config file {path} is empty: write its settings, or name a shipped config")
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of config keys, got {type(data).__name__}")
     return data

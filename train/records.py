@@ -88,6 +88,14 @@ def _read_jsonl(path: Path) -> list:
 
 
 def _read_local(path: Path) -> list:
+    try:
+        return _read_file(path)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}): pass a .json, .jsonl or .parquet data "
+                         "file") from None
+
+
+def _read_file(path: Path) -> list:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         return _read_jsonl(path)
