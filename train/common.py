@@ -185,6 +185,7 @@ def run_main(train: Callable, parse: Callable, argv: list[str] | None = None, ex
 
     ``exit_process`` (a process's own entry point: the script, ``python -m``, ``headway train``):
     one rank of a finished several-process run ends here (``launch.end_process``) and never returns."""
+    cfg = None
     try:
         cfg = parse(argv)
         check_run(cfg)
@@ -193,6 +194,12 @@ def run_main(train: Callable, parse: Callable, argv: list[str] | None = None, ex
         print(f"error: {exc}", file=sys.stderr)
         close_process_group()
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C: say how to go on (a checkpoint, once written, resumes)
+        close_process_group()
+        out = cfg.train if cfg is not None else None
+        print(f"interrupted: rerun the same command to resume {out.output_dir} from its newest checkpoint (every "
+              f"train.save_every={out.save_every} steps)" if out else "interrupted", file=sys.stderr)
+        sys.exit(130)
     except BaseException:
         close_process_group()
         raise

@@ -63,6 +63,14 @@ def test_run_main_turns_bad_input_into_one_line_and_status_2(tmp_path, capsys):
                              ["--config", "tiny", f"train.output_dir={tmp_path / 'c'}"])
     assert result == {"head0/top1": 0.5} and seen[0].train.output_dir == str(tmp_path / "c")
 
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exc:  # Ctrl-C: how to go on, in one line
+        common.run_main(interrupted, parse, ["--config", "tiny", f"train.output_dir={tmp_path / 'd'}"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 130 and err.startswith(f"interrupted: rerun the same command to resume {tmp_path / 'd'}")
+
 
 def test_check_run_refuses_before_anything_is_written(tmp_path):
     cfg = parse(["--config", "tiny", f"train.output_dir={tmp_path / 'run'}"])
