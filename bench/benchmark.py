@@ -48,7 +48,7 @@ from headway.heads.target import DEFAULT_MODEL, load_target
 from headway.bench.prompts import chat_prompts
 from headway.inference.cost_curve import sync as sync_device
 from headway.inference.inputs import context_length
-from headway.bench.task_prompts import GROUPS, prompts_file, task_prompts
+from headway.bench.task_prompts import GROUPS, selected_groups
 from headway.inference.cpu_gemm import pack_linears
 from headway.inference.draft_model import DraftModelProposer
 from headway.inference.generator import SpeculativeGenerator
@@ -177,20 +177,6 @@ def methods(target, heads_dir: str | None, draft_layers: int, eagle_dirs=(), eag
             "headway", SpeculativeGenerator(target, DraftModelProposer(early_exit_model(target, draft_layers), gamma=3),
                                             tree=None))
     return out
-
-
-def prompt_groups(args) -> dict[str, list[list[dict]]]:
-    """{group: [chat messages, ...]} the command line asks for (checked before the model loads)."""
-    if args.prompts_file:
-        found = prompts_file(args.prompts_file)
-        return {g: prompts[:args.per_group] if args.per_group > 0 else prompts for g, prompts in found.items()}
-    names = [g for g in args.groups.split(",") if g]
-    unknown = sorted(set(names) - set(GROUPS))
-    if unknown:
-        raise ValueError(f"unknown --groups {unknown}; choose from {list(GROUPS)}")
-    counts = {"chat": args.prompts, "copy": args.copy_prompts}
-    groups = {g: task_prompts(g, counts.get(g, args.per_group)) for g in names}
-    return {g: prompts for g, prompts in groups.items() if prompts}
 
 
 @torch.no_grad()
@@ -401,26 +387,32 @@ def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParse
 def check_args(args, p) -> tuple:
     """The checks before the model loads (one-line usage errors: ``p.error``); returns (prompt groups, Medusa heads
     folder, EAGLE folders)."""
-    for flag, given, known in (("--methods", args.families, FAMILIES), ("--eagle-trees", args.eagle_trees.split(","),
-                               EAGLE_TREES), ("--hybrid-retrieval", args.hybrid_retrieval.split(","), RETRIEVAL_PARTS)):
+    named = (("--methods", args.families, FAMILIES), ("--eagle-trees", args.eagle_trees.split(","), EAGLE_TREES),
+             ("--hybrid-retrieval", args.hybrid_retrieval.split(","), RETRIEVAL_PARTS))
+    for flag, given, known in named:
         if unknown := sorted(set(given) - {""} - set(known)):
             p.error(f"unknown {flag} {unknown}; choose from {list(known)}")
     for name, least in dict(threads=1, max_new_tokens=1, repeats=1, prompts=0, copy_prompts=0, per_group=0,
                             draft_layers=0).items():  # (--draft-layers unset: None, resolved once the target loads)
         if (getattr(args, name) or 0) < least:
             p.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
+    # a family --methods names needs its drafter (the default, every family, skips those it lacks)
     has = {"medusa": args.heads or Path(DEMO_HEADS, "config.json").is_file(), "draft-model": args.draft_layers != 0,
-           **{kind: getattr(args, kind) for kind in ("eagle", *ONE_PASS_KINDS)}}  # a family --methods names needs its drafter
+           **{kind: getattr(args, kind) for kind in ("eagle", *ONE_PASS_KINDS)}}
+    needs = {"medusa": "--heads FOLDER", "draft-model": "--draft-layers N (N >= 1)"}
     for f in [f for f in args.families if not has.get(f, True)] if args.methods != ",".join(FAMILIES) else []:
-        p.error(f"--methods {f} needs " + {"medusa": "--heads FOLDER", "draft-model": "--draft-layers N (N >= 1)"}.get(f, f"--{f} FOLDER"))
+        p.error(f"--methods {f} needs {needs.get(f, f'--{f} FOLDER')}")
     try:  # before the model loads: too many held-out prompts fails at once
         chat_prompts(args.prompts)
     except ValueError as exc:
         p.error(f"--prompts {args.prompts}: {exc}")
     try:  # an unknown group, a prompts file that does not exist, a drafter folder of another kind
-        if not (groups := prompt_groups(args)):
+        groups = selected_groups(args.groups, args.prompts_file, args.prompts, args.copy_prompts, args.per_group)
+        if not groups:
             p.error(f"no prompts to run: --prompts-file {args.prompts_file} holds none" if args.prompts_file else
-                    f"no prompts to run: --groups {args.groups} selects none with --prompts {args.prompts} (chat), --copy-prompts {args.copy_prompts} (copy) and --per-group {args.per_group} (the others); raise a count")
+                    f"no prompts to run: --groups {args.groups} selects none with --prompts {args.prompts} (chat), "
+                    f"--copy-prompts {args.copy_prompts} (copy) and --per-group {args.per_group} (the others); "
+                    "raise a count")
         return (groups, *drafter_folders(args))
     except (ValueError, FileNotFoundError) as exc:
         p.error(str(exc))
@@ -436,7 +428,8 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
     target, tokenizer = load_target(args.model, dtype=None if args.dtype == "auto" else getattr(torch, args.dtype))
     eos = tokenizer.eos_token_id
     if (args.draft_layers or 0) >= (layers := target.config.num_hidden_layers):  # 0 (skip) or 1..layers - 1
-        p.error(f"--draft-layers {args.draft_layers} must be 0 (skip) or 1..{layers - 1}: {args.model} has {layers} layers")
+        p.error(f"--draft-layers {args.draft_layers} must be 0 (skip) or 1..{layers - 1}: {args.model} has {layers} "
+                "layers")
     args.draft_layers = min(6, layers - 1) if args.draft_layers is None else args.draft_layers  # unset: 6, at most that
     packed = pack_linears(target) if args.pack_linears else 0
     table = methods(target, heads_dir, args.draft_layers, eagle_dirs, [t for t in args.eagle_trees.split(",") if t],

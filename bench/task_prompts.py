@@ -173,3 +173,20 @@ def prompts_file(path: str | Path) -> dict[str, list[list[dict]]]:
                          "(question_id, category, turns) or ShareGPT/OpenAI records (conversations or messages) "
                          "with a user turn")
     return groups
+
+
+def selected_groups(groups: str, prompts_path: str | None, chat: int, copy: int, per_group: int
+                    ) -> dict[str, list[list[dict]]]:
+    """{group: [chat messages, ...]}: the comma-separated task ``groups`` (``chat`` and ``copy`` prompts of those
+    groups, ``per_group`` of each other one), or ``prompts_path``'s categories (``per_group`` > 0 caps each); a group
+    left without prompts is dropped. An unknown group name is a one-line ValueError."""
+    if prompts_path:
+        found = prompts_file(prompts_path)
+        return {g: prompts[:per_group] if per_group > 0 else prompts for g, prompts in found.items()}
+    names = [g for g in groups.split(",") if g]
+    unknown = sorted(set(names) - set(GROUPS))
+    if unknown:
+        raise ValueError(f"unknown --groups {unknown}; choose from {list(GROUPS)}")
+    counts = {"chat": chat, "copy": copy}
+    chosen = {g: task_prompts(g, counts.get(g, per_group)) for g in names}
+    return {g: prompts for g, prompts in chosen.items() if prompts}

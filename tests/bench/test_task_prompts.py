@@ -73,3 +73,17 @@ def test_bench_reports_each_group_and_the_mean_of_their_speedups(tmp_path, capsy
     with pytest.raises(SystemExit):
         benchmark.main(["--groups", "chat,poetry"])
     assert "unknown --groups ['poetry']" in capsys.readouterr().err
+
+
+def test_the_groups_a_run_selects(tmp_path):
+    """Chat and copy prompts by their own counts, the others by per_group; a group of none dropped; a file's
+    categories capped by per_group; an unknown name refused in one line."""
+    got = tp.selected_groups("chat,copy,math", None, chat=2, copy=0, per_group=1)
+    assert list(got) == ["chat", "math"] and len(got["chat"]) == 2 and len(got["math"]) == 1
+    assert tp.selected_groups("code", None, chat=3, copy=3, per_group=0) == {}
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "category": "writing", "turns": [f"Write {i}."]}) + "\n"
+                                 for i in range(3)))
+    assert [len(v) for v in tp.selected_groups("chat", str(questions), 5, 5, per_group=2).values()] == [2]
+    with pytest.raises(ValueError, match=r"unknown --groups \['nope'\]; choose from"):
+        tp.selected_groups("chat,nope", None, 1, 1, 1)
