@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 EXIT_USAGE = 2
-CHAT_JSON = "a JSON list of {role, content} messages"  # what generate --chat-file takes, besides plain text
 TRAIN_EPILOG = """\
 --config takes a YAML file or the name of a shipped config: {shipped}.
 
@@ -121,35 +120,13 @@ def add_train(sub) -> None:
 
 
 def read_conversations(args) -> list[list[dict]]:
-    """Each --prompt TEXT (one user message; several: one batch), or --chat-file: a JSON list of {role, content}
-    messages (or {"messages": [...]}), any other text file being one user message (a *.json file must be JSON)."""
+    """Each --prompt TEXT (one user message; several: one batch), or the --chat-file's conversation
+    (``headway.chat_file``)."""
     if args.prompt is not None:
         return [[{"role": "user", "content": text}] for text in args.prompt]
-    path = Path(args.chat_file)
-    if not path.is_file():
-        raise FileNotFoundError(f"chat file {path} does not exist")
-    try:
-        data = json.loads(text := path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"chat file {path} is not UTF-8 text (byte {exc.start}): pass a text file or {CHAT_JSON}")
-    except json.JSONDecodeError as exc:
-        if text.strip() and path.suffix.lower() == ".json":
-            raise ValueError(f"chat file {path} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})")
-        data = text
-    if isinstance(data, dict) and not {"messages", "conversations"} & data.keys():  # e.g. one message, unlisted
-        raise ValueError(f"chat file {path} holds an object, not a list: expected {CHAT_JSON} (one too: [{{...}}])")
-    from headway.train.records import normalize_record
+    from headway.chat_file import read_chat_file
 
-    try:  # a text file (or a JSON string or number): one user message
-        data = data if isinstance(data, (list, dict)) else [{"role": "user", "content": text}]
-        messages = normalize_record(data if isinstance(data, dict) else {"messages": data})
-    except ValueError as exc:
-        raise ValueError(f"chat file {path}: {exc}") from None
-    if (empty := next((i for i, m in enumerate(messages, 1) if not m["content"].strip()), 0)) or not messages:
-        raise ValueError(f"chat file {path} " + ("is empty" if not text.strip() else f"holds message {empty} without "
-                         "content" if empty else "holds no messages") + f": write the prompt in it, as text or as "
-                         f"{CHAT_JSON} with non-empty content")
-    return [messages]
+    return [read_chat_file(args.chat_file)]
 
 
 def left_padded(rows: list, pad_id: int):
