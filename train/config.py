@@ -67,8 +67,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return int(number)
         return number
     if tp is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        if isinstance(value, (dict, list)) or value is None:  # (None: a YAML null, where a string is needed)
+            raise ConfigError(f"{key}: expected a string, got {'null' if value is None else repr(value)}")
         return str(value)
     if isinstance(tp, type) and not isinstance(value, tp):
         raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}")
@@ -133,13 +133,32 @@ def _deepcopy(d):
     return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"{key!r} is set twice in one section (line {key_node.start_mark.line + 1} of "
+                                  f"{key_node.start_mark.name}); keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
         text = path.read_text(encoding="utf-8")
-        data = yaml.safe_load(text)
+        loader = _UniqueKeys(text)
+        loader.name = str(path)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}): pass a YAML file") from None
     except yaml.YAMLError as exc:

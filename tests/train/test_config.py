@@ -52,6 +52,12 @@ def test_unknown_key_in_yaml_file(tmp_path):
         load_config(MedusaRunConfig, path)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(MedusaRunConfig, tmp_path / "missing.yaml")
+    path.write_text("model: x\ntrain:\n  lr: 1.0e-3\n  epochs: 2\n  lr: 2.0e-3\n")  # YAML keeps the last: refused
+    with pytest.raises(ConfigError, match=r"^'lr' is set twice in one section \(line 5 of .*bad.yaml\); keep one$"):
+        load_config(MedusaRunConfig, path)
+    path.write_text("model: x\ndata:\n  source: null\n")  # a null where a string goes (it became 'None')
+    with pytest.raises(ConfigError, match="^data.source: expected a string, got null$"):
+        load_config(MedusaRunConfig, path)
 
 
 @pytest.mark.parametrize("override, message", [
