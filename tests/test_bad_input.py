@@ -66,6 +66,8 @@ def test_run_config_values_are_named_before_anything_loads(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     Path("a-file").write_text("mine")
     cases = [(["train.output_dir=a-file"], ["train.output_dir a-file is a file", "must be a folder"]),
+             (["train.output_dir=a-file/run"], ["train.output_dir a-file/run lies inside a-file, which is a file"]),
+             (["data.cache_dir=a-file"], ["data.cache_dir=a-file is (or lies inside) a file"]),
              (["data.source=missing.jsonl"], ["data.source", "missing.jsonl"]),
              (["features=no-cache"], ["features=no-cache", "cache_features"]),
              (["train.weight_decay=-1"], ["train.weight_decay"]),

@@ -63,6 +63,10 @@ class DataConfig:
             raise ValueError(f"heldout_fraction={self.heldout_fraction} is out of range: use a value in [0, 1)")
         if self.max_length < 8:
             raise ValueError(f"max_length={self.max_length} is too small: use at least 8 tokens")
+        cache = Path(self.cache_dir) if self.cache_dir else None
+        if cache is not None and (cache.is_file() or any(p.is_file() for p in cache.parents)):
+            raise ValueError(f"cache_dir={self.cache_dir} is (or lies inside) a file; pass a folder, or None for the "
+                             "default cache")
         if self.max_examples is not None and self.max_examples < 1:
             raise ValueError(f"max_examples={self.max_examples} must be at least 1, or None for all records")
         from headway.train.mix import parse_mix

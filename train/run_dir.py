@@ -69,6 +69,9 @@ def output_dir_problem(out: Path, run_config: dict, *, overwrite: bool, resume: 
     folder that holds a headway run (or nothing), never one holding other files or this run's own inputs."""
     if out.exists() and not out.is_dir():
         return f"train.output_dir {out} is a file; the output folder must be a folder (or not exist yet)"
+    inside = next((parent for parent in out.parents if parent.is_file()), None)
+    if inside is not None:
+        return f"train.output_dir {out} lies inside {inside}, which is a file; choose a folder's path"
     if not out.is_dir():
         return None
     saved = out / RUN_CONFIG_NAME

@@ -23,6 +23,9 @@ def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwr
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} exists and is not a folder; choose another output folder")
+    inside = next((parent for parent in out.parents if parent.is_file()), None)
+    if inside is not None:
+        raise ValueError(f"{out} lies inside {inside}, which is a file; choose another output folder")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise ValueError(f"{out} is not empty; choose another folder or pass overwrite=True (--overwrite) to "

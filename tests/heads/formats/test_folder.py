@@ -53,6 +53,8 @@ def test_a_non_empty_folder_is_replaced_only_with_overwrite(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="file exists and is not a folder; choose another output folder"):
         write_folder(tmp_path / "file", {}, TENSORS, overwrite=True)
+    with pytest.raises(ValueError, match="sub lies inside .*file, which is a file; choose another output folder"):
+        write_folder(tmp_path / "file" / "sub", {}, TENSORS, overwrite=False)
 
 
 def test_torch_weights_load_without_unpickling_code(tmp_path):
