@@ -292,7 +292,12 @@ def read_cache_index(out_dir: str | Path, expect_meta: dict | None = None) -> di
     if not index_path.is_file():
         raise FileNotFoundError(f"{out_dir} is not a feature cache (no {INDEX_NAME}); "
                                 "create it with scripts/cache_features.py")
-    index = json.loads(index_path.read_text())
+    try:
+        index = json.loads(index_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{index_path} is not valid JSON ({exc}); {_RECREATE}") from None
+    if not isinstance(index, dict):
+        raise ValueError(f"{index_path} is not a feature cache's index; {_RECREATE}")
     if index.get("format") != CACHE_FORMAT:
         raise ValueError(f"feature cache {out_dir} was written by an older headway (format {index.get('format', 1)}, "
                          f"this one reads {CACHE_FORMAT}); {_RECREATE}")

@@ -194,4 +194,9 @@ def load_tokenizer(path: str):
 
     if Path(path).name in TINY_MODELS and (Path(path) / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(path)
+    folder = Path(path)
+    kinds = ("tokenizer*", "*.model", "*.tiktoken", "vocab.*", "merges.txt")  # fast, sentencepiece, tiktoken, BPE
+    if folder.is_dir() and not any(any(folder.glob(kind)) for kind in kinds):
+        raise ValueError(f"{path} holds no tokenizer files (tokenizer.json, tokenizer_config.json, ...): copy the "
+                         "model's tokenizer into it (tokenizer.save_pretrained)")
     return AutoTokenizer.from_pretrained(path)

@@ -80,6 +80,9 @@ def test_folders_that_hold_no_causal_lm_are_refused(tmp_path):
     model, _ = build_tiny_target("llama")
     model.save_pretrained(tmp_path / "cut")
     weights = tmp_path / "cut" / "model.safetensors"
+    model.save_pretrained(tmp_path / "bare")  # the weights without a tokenizer
+    with pytest.raises(ValueError, match=r"bare holds no tokenizer files \(tokenizer.json, .*tokenizer.save_pretrained"):
+        load_target(str(tmp_path / "bare"), device="cpu")
     weights.write_bytes(weights.read_bytes()[:400])  # a copy cut short
     with pytest.raises(ValueError, match=r"^cannot load the weights of '.*cut': .*header.*; a weight file is corrupt "
                                          r"or cut short: download or copy it again$"):

@@ -143,6 +143,9 @@ def test_incomplete_old_or_corrupt_caches_are_refused(target, tmp_path):
     (out / "index.json").write_text(json.dumps({**index, "shards": index["shards"][:-1]}))
     with pytest.raises(ValueError, match="shards hold 6 sequences but its index lists 7"):
         load_cached_features(out)
+    (out / "index.json").write_text("{cut")
+    with pytest.raises(ValueError, match=r"index.json is not valid JSON \(.*\); recreate the cache"):
+        load_cached_features(out)
     (out / "index.json").write_text(json.dumps(index))
     with pytest.raises(FileNotFoundError, match="not a feature cache"):
         load_cached_features(tmp_path / "nothing")
