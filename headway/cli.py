@@ -361,7 +361,7 @@ class FormatChoices:
 
 def run_convert(args) -> int:
     convert = need("headway.heads.formats.convert", "headway convert")
-    options = {k: getattr(args, k) for k in ("vocab_size", "num_target_layers", "speculative_tokens")
+    options = {k: getattr(args, k) for k in ("vocab_size", "num_target_layers", "speculative_tokens", "feature_layers")
                if getattr(args, k) is not None}
     out = convert.convert(args.src, args.dst, to=args.to, fmt_from=args.fmt_from, overwrite=args.overwrite,
                           target=args.target, widen_vocab=args.widen_vocab, with_embeddings=args.with_embeddings,
@@ -404,6 +404,9 @@ def add_others(sub) -> None:
                         "it, and fills in the vocabulary size or depth a format lacks")
     p.add_argument("--vocab-size", type=int, help="the target's vocabulary size, for formats that do not record it")
     p.add_argument("--num-target-layers", type=int, help="the target's depth, for EAGLE formats that do not record it")
+    p.add_argument("--feature-layers", type=lambda v: [int(i) for i in v.split(",")], metavar="I,J,K",
+                   help="the target layers an EAGLE/DFlash drafter reads (headway ids), for formats that do not record "
+                        "them")
     p.add_argument("--speculative-tokens", type=int, help="draft tokens per step written into a speculators config")
     p.add_argument("--widen-vocab", action="store_true",
                    help="EAGLE-1 with a reduced draft vocabulary to a full-vocabulary format: widen its rows")

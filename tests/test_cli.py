@@ -434,3 +434,16 @@ def test_convert_for_the_official_readers_in_process(tiny_target, tmp_path, caps
     assert "--allow-official-misread" in capsys.readouterr().err and not (tmp_path / "v01").exists()
     assert main(["convert", "--to", "medusa-v0.1", str(tmp_path / "medusa"), str(tmp_path / "v01"),
                  "--allow-official-misread"]) == 0
+
+
+def test_convert_passes_the_feature_layers_a_format_lacks(monkeypatch, capsys):
+    """--feature-layers I,J,K reaches the reader as headway ids (the errors for folders without them name the flag)."""
+    from headway.cli import main
+    from headway.heads.formats import convert
+
+    seen = {}
+    monkeypatch.setattr(convert, "convert", lambda src, dst, **kw: seen.update(kw) or dst)
+    assert main(["convert", "--to", "headway", "src", "dst", "--feature-layers", "2,15,27"]) == 0
+    assert seen["feature_layers"] == [2, 15, 27] and "wrote dst (headway)" in capsys.readouterr().out
+    seen.clear()
+    assert main(["convert", "--to", "headway", "src", "dst"]) == 0 and "feature_layers" not in seen

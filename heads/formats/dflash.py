@@ -159,7 +159,7 @@ def draft_vocabulary_tensors(head: DFlashHead, target=None) -> dict[str, torch.T
         rows = head._bound[1]
     else:
         raise ValueError("a DFlash drafter with a draft vocabulary is written with the target's lm_head rows of it: "
-                         "pass target= (or bind_target the head first)")
+                         "pass target= (headway convert: --target MODEL), or bind_target the head first")
     t2d = torch.zeros(head.config.vocab_size, dtype=torch.bool)
     t2d[head.draft_token_ids.cpu()] = True
     return {"t2d": t2d, "lm_head.weight": rows.detach().to("cpu", head.fc.weight.dtype).contiguous()}
@@ -360,7 +360,8 @@ def _feature_layers(path: Path, ids, given, depth: int) -> list[int]:
                          "was passed; drop the keyword or fix the folder")
     layers = ids if ids is not None else given
     if layers is None:
-        raise ValueError(f"{path} does not name the target layers it reads; pass feature_layers= (headway ids)")
+        raise ValueError(f"{path} does not name the target layers it reads; pass feature_layers= (headway ids; "
+                         "headway convert: --feature-layers I,J,K)")
     return check_feature_layers(layers, depth, source=f"{path}: feature layers")
 
 

@@ -449,7 +449,8 @@ def _sglang_ids(path: Path, config: dict):
     if nested and top and from_engine_layer_ids(nested, "sglang") != from_engine_layer_ids(top, "vllm"):
         raise ValueError(f"{path}: eagle_config.eagle_aux_hidden_state_layer_ids {list(nested)} (SGLang: outputs of "
                          f"those layers) and eagle_aux_hidden_state_layer_ids {list(top)} (vLLM: inputs of those "
-                         "layers) name different target layers; fix one, or drop both and pass feature_layers=")
+                         "layers) name different target layers; fix one, or drop both and pass feature_layers= "
+                         "(headway convert: --feature-layers I,J,K)")
     if nested:
         return list(nested), "sglang"
     return (list(top) if top else None), "vllm"
