@@ -105,6 +105,15 @@ def detect_format(path) -> str:
         found = converter.detect(folder, config)
         if found is not None:
             return found
+    for weights in sorted(folder.glob("*.safetensors")):  # a layout may go unrecognised for its unreadable weights
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except Exception as exc:  # safetensors' own error type, or an OSError
+            raise ValueError(f"{weights} cannot be read ({first_line(exc)}): the weights are corrupt or cut short; "
+                             "copy them again") from None
     found = {k: config.get(k) for k in ("architectures", "model_type") if k in config} if isinstance(config, dict) \
         else type(config).__name__
     raise ValueError(f"{folder} is not a drafter checkpoint headway reads (found config {found}, files "

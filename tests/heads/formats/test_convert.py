@@ -88,6 +88,12 @@ def test_folders_that_are_not_drafter_checkpoints(tiny_llama, tmp_path):
     (tmp_path / "full" / "config.json").write_text(json.dumps({"medusa_num_heads": 5, "medusa_num_layers": 1}))
     with pytest.raises(ValueError, match="neither medusa_lm_head.pt nor medusa_lm_head.safetensors"):
         detect_format(tmp_path / "full")
+    sglang = quiet(convert, saved(eagle_head(target, 3), tmp_path / "e"), tmp_path / "sg", "sglang")
+    weights = next(sglang.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:300])  # cut short: its layout cannot be told
+    with pytest.raises(ValueError, match=rf"{weights.name} cannot be read \(.*\): the weights are corrupt") as err:
+        detect_format(sglang)
+    one_line(err)
 
 
 def test_target_that_does_not_fit(tiny_llama, tiny_qwen2, tmp_path):
