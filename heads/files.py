@@ -19,6 +19,8 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+RUN_CONFIG_NAME = "run_config.json"  # a training run's record in its output folder (headway.train.run_dir)
+
 
 def _umask() -> int:
     mask = os.umask(0)

@@ -32,7 +32,8 @@ def read_chat_file(path: str | Path) -> list[dict]:
         messages = normalize_record(data if isinstance(data, dict) else {"messages": data})
     except ValueError as exc:
         raise ValueError(f"chat file {path}: {exc}") from None
-    empty = next((i for i, m in enumerate(messages, 1) if not m["content"].strip()), 0)
+    # (an empty system message is common, and harmless)
+    empty = next((i for i, m in enumerate(messages, 1) if m["role"] != "system" and not m["content"].strip()), 0)
     if empty or not messages:
         what = "is empty" if not text.strip() else f"holds message {empty} without content" if empty else \
             "holds no messages"

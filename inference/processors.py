@@ -63,7 +63,9 @@ def call_max_new_tokens(max_new_tokens: int | None, prompt_len: int, generation_
     length = (kwargs or {}).get("max_length", getattr(config, "max_length", None))
     if length is None:
         return DEFAULT_MAX_NEW_TOKENS
-    if isinstance(length, bool) or not isinstance(length, int) or length <= prompt_len:
+    if isinstance(length, bool) or not isinstance(length, int):
+        raise ValueError(f"max_length must be an integer (the prompt's tokens and the new ones), got {length!r}")
+    if length <= prompt_len:
         raise ValueError(f"max_length={length!r} leaves no room after the prompt's {prompt_len} tokens: pass "
                          f"max_new_tokens (new tokens, the prompt not counted) or a max_length > {prompt_len}")
     return length - prompt_len

@@ -87,7 +87,7 @@ def test_settings_no_trainer_would_honour_are_named(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     cases = [(["train", "eagle", "--config", "eagle/eagle3-tiny", "eagle.hidden_size=48"], ["eagle.hidden_size"]),
              (["train", "peagle", "--config", "peagle/tiny", "peagle.rope_theta=5.0"], ["peagle.rope_theta"]),
-             ([*TRAIN, "heads.vocab_size=10"], ["heads.vocab_size is taken from the target"]),
+             ([*TRAIN, "heads.vocab_size=10"], ["heads.vocab_size is not a run setting"]),
              (["train", "dflash", "--config", "dflash/tiny", "dflash.block_size=1000"],
               ["dflash.block_size=1000 exceeds data.max_length=64"]),
              (["train", "peagle", "--config", "peagle/tiny", "peagle.parallel_depths=100"],

@@ -18,6 +18,8 @@ def test_a_chat_file_is_a_message_list_a_record_or_text(tmp_path):
     assert read_chat_file(tmp_path / "sharegpt.json") == [{"role": "user", "content": "hi"}]
     assert read_chat_file(tmp_path / "prompt.txt") == [{"role": "user", "content": "[not json] hi\n"}]
     assert read_chat_file(tmp_path / "number.txt") == [{"role": "user", "content": "42"}]
+    (tmp_path / "system.json").write_text(json.dumps([{"role": "system", "content": ""}, messages[1]]))
+    assert read_chat_file(tmp_path / "system.json")[1] == messages[1]  # an empty system message is harmless
 
 
 @pytest.mark.parametrize("name, content, problem", [

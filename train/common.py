@@ -149,8 +149,8 @@ def check_sizes_unset(cfg) -> None:
         default = type(value)()  # (as the run config builds it: fields derived from others included)
         for field in dataclasses.fields(value):
             if field.name in FROM_TARGET and getattr(value, field.name) != getattr(default, field.name):
-                raise ValueError(f"{section.name}.{field.name} is taken from the target model's config, not from "
-                                 "the run's: remove it (pick another target with model= to change it)")
+                raise ValueError(f"{section.name}.{field.name} is not a run setting: the trainer builds the drafter's "
+                                 "architecture from the target model; remove it (pick another target with model=)")
 
 
 def check_run(cfg) -> None:
@@ -196,9 +196,7 @@ def run_main(train: Callable, parse: Callable, argv: list[str] | None = None, ex
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C: say how to go on (a checkpoint, once written, resumes)
         close_process_group()
-        out = cfg.train if cfg is not None else None
-        print(f"interrupted: rerun the same command to resume {out.output_dir} from its newest checkpoint (every "
-              f"train.save_every={out.save_every} steps)" if out else "interrupted", file=sys.stderr)
+        print(interrupted_hint(cfg), file=sys.stderr)
         sys.exit(130)
     except BaseException:
         close_process_group()
@@ -207,6 +205,17 @@ def run_main(train: Callable, parse: Callable, argv: list[str] | None = None, ex
         end_process()  # one rank of several: never returns
     close_process_group()
     return result
+
+
+def interrupted_hint(cfg) -> str:
+    """What a Ctrl-C'd run says: how to resume it where a checkpoint can exist (never with train.overwrite, which
+    would empty the folder)."""
+    train = cfg.train if cfg is not None else None
+    if train is None or not train.save_every or not train.resume:
+        return "interrupted"
+    again = "the same command without train.overwrite=true" if train.overwrite else "the same command"
+    return (f"interrupted: run {again} to resume {train.output_dir} from its newest checkpoint, if one was written "
+            f"(every train.save_every={train.save_every} steps)")
 
 
 def close_process_group() -> None:

@@ -7,6 +7,7 @@ names the key and lists the valid ones.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import re
 import types
@@ -138,8 +139,12 @@ class _UniqueKeys(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):
         seen = set()
-        for key_node, _ in node.value:
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":  # <<: *anchor: its keys may be overridden here
+                continue
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, collections.abc.Hashable):
+                break  # the safe loader's own error follows
             if key in seen:
                 raise ConfigError(f"{key!r} is set twice in one section (line {key_node.start_mark.line + 1} of "
                                   f"{key_node.start_mark.name}); keep one")

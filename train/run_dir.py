@@ -13,8 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from headway.heads.hub.card import RUN_CONFIG_NAME
-from headway.heads.files import atomic_leftover, atomic_write_text
+from headway.heads.files import RUN_CONFIG_NAME, atomic_leftover, atomic_write_text
 from headway.train import checkpoint as ckpt
 
 # Fields that may differ when a run is resumed (they do not change what is trained).

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, read_json
-from headway.heads.files import atomic_folder
+from headway.heads.files import RUN_CONFIG_NAME, atomic_folder
 from headway.heads.values import first_line
 
 
@@ -30,6 +30,9 @@ def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwr
         if not overwrite:
             raise ValueError(f"{out} is not empty; choose another folder or pass overwrite=True (--overwrite) to "
                              "replace it")
+        if (out / RUN_CONFIG_NAME).is_file() or (out / "checkpoints").is_dir():  # its drafter beside a run's state
+            raise ValueError(f"{out} holds a training run ({RUN_CONFIG_NAME}, checkpoints); overwrite replaces an "
+                             "exported drafter's folder only: choose another folder")
         if not (out / CONFIG_NAME).is_file():  # overwrite replaces a drafter's folder, not a folder of other files
             names = ", ".join(sorted(child.name for child in out.iterdir())[:3])
             raise ValueError(f"{out} holds files but no drafter ({names}); overwrite replaces a drafter's folder "

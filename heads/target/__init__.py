@@ -154,10 +154,12 @@ def load_target(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = N
         )
     from safetensors import SafetensorError
 
+    check_tokenizer_files(path)  # before the weights: a large folder would load them first
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, EOFError, SafetensorError, RuntimeError) as exc:  # missing, truncated or corrupt weights
-        hint = "" if isinstance(exc, OSError) else "; a weight file is corrupt or cut short: download or copy it again"
+        corrupt = isinstance(exc, (EOFError, SafetensorError)) or "PytorchStreamReader" in str(exc)
+        hint = "; a weight file is corrupt or cut short: download or copy it again" if corrupt else ""
         raise ValueError(f"cannot load the weights of {name_or_path!r}: {first_line(exc)}{hint}") from None
     model = model.to(device).eval()
     tokenizer = load_tokenizer(path)
@@ -194,9 +196,14 @@ def load_tokenizer(path: str):
 
     if Path(path).name in TINY_MODELS and (Path(path) / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(path)
+    check_tokenizer_files(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def check_tokenizer_files(path: str) -> None:
+    """A one-line ValueError for a model folder holding no tokenizer files (a Hub id is left to transformers)."""
     folder = Path(path)
     kinds = ("tokenizer*", "*.model", "*.tiktoken", "vocab.*", "merges.txt")  # fast, sentencepiece, tiktoken, BPE
     if folder.is_dir() and not any(any(folder.glob(kind)) for kind in kinds):
         raise ValueError(f"{path} holds no tokenizer files (tokenizer.json, tokenizer_config.json, ...): copy the "
                          "model's tokenizer into it (tokenizer.save_pretrained)")
-    return AutoTokenizer.from_pretrained(path)

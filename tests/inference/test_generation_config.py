@@ -98,6 +98,8 @@ def test_the_length_set_in_the_call_is_generates(family):
     assert gen.generate(prompt, eos_token_id=None).stats.new_tokens == 128
     with pytest.raises(ValueError, match=rf"max_length={t} leaves no room after the prompt's {t} tokens"):
         gen.generate(prompt, max_length=t)
+    with pytest.raises(ValueError, match=r"max_length must be an integer .*, got 40.0"):
+        gen.generate(prompt, max_length=40.0)
 
 
 class Recorder:

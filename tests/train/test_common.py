@@ -69,7 +69,15 @@ def test_run_main_turns_bad_input_into_one_line_and_status_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:  # Ctrl-C: how to go on, in one line
         common.run_main(interrupted, parse, ["--config", "tiny", f"train.output_dir={tmp_path / 'd'}"])
     err = capsys.readouterr().err
-    assert exc.value.code == 130 and err.startswith(f"interrupted: rerun the same command to resume {tmp_path / 'd'}")
+    assert exc.value.code == 130 and err.startswith(f"interrupted: run the same command to resume {tmp_path / 'd'}")
+    with pytest.raises(SystemExit):  # never the advice to rerun with train.overwrite=true: it would empty the folder
+        common.run_main(interrupted, parse, ["--config", "tiny", f"train.output_dir={tmp_path / 'e'}",
+                                             "train.overwrite=true"])
+    assert "run the same command without train.overwrite=true to resume" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # no checkpoints: nothing to resume
+        common.run_main(interrupted, parse, ["--config", "tiny", f"train.output_dir={tmp_path / 'f'}",
+                                             "train.save_every=0"])
+    assert capsys.readouterr().err == "interrupted\n"
 
 
 def test_check_run_refuses_before_anything_is_written(tmp_path):

@@ -48,6 +48,11 @@ def test_a_non_empty_folder_is_replaced_only_with_overwrite(tmp_path):
     write_folder(out, {"a": 1}, TENSORS, overwrite=True)  # a drafter's folder: replaced
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert json.loads((out / "config.json").read_text()) == {"a": 1}
+    (out / "run_config.json").write_text("{}")  # a training run's folder: its drafter beside the run's state
+    with pytest.raises(ValueError, match=r"out holds a training run \(run_config.json, checkpoints\)"):
+        write_folder(out, {"a": 2}, TENSORS, overwrite=True)
+    assert json.loads((out / "config.json").read_text()) == {"a": 1}
+    (out / "run_config.json").unlink()
     (tmp_path / "empty").mkdir()
     write_folder(tmp_path / "empty", {}, TENSORS, overwrite=False)  # an empty folder is no one's data
     (tmp_path / "file").write_text("x")
