@@ -400,7 +400,7 @@ def check_args(args, p) -> tuple:
     has = {"medusa": args.heads or Path(DEMO_HEADS, "config.json").is_file(), "draft-model": args.draft_layers != 0,
            **{kind: getattr(args, kind) for kind in ("eagle", *ONE_PASS_KINDS)}}
     needs = {"medusa": "--heads FOLDER", "draft-model": "--draft-layers N (N >= 1)"}
-    for f in [f for f in args.families if not has.get(f, True)] if args.methods != ",".join(FAMILIES) else []:
+    for f in [f for f in args.families if not has.get(f, True)] if args.methods != p.get_default("methods") else []:
         p.error(f"--methods {f} needs {needs.get(f, f'--{f} FOLDER')}")
     try:  # before the model loads: too many held-out prompts fails at once
         chat_prompts(args.prompts)
@@ -447,8 +447,10 @@ def main(argv=None, parser_class=argparse.ArgumentParser) -> dict:
         warm = tokenizer("Hello there, how are you today?", return_tensors="pt")["input_ids"].to(device)
         for kind, method in table.values():
             run_one(kind, method, target, warm, 8, eos)
-    runs = [run_prompts(table, target, tokenizer, groups, args.max_new_tokens, eos, device, f"run {r + 1}/{args.repeats}, "
-                        if args.repeats > 1 else "") for r in range(args.repeats)]  # per repeat: (raw rows, prefill s)
+    runs = []  # one (raw rows, prefill seconds) per repeat of the whole prompt set
+    for r in range(args.repeats):
+        runs.append(run_prompts(table, target, tokenizer, groups, args.max_new_tokens, eos, device,
+                                f"run {r + 1}/{args.repeats}, " if args.repeats > 1 else ""))
     raw = {g: {name: [row for run, _ in runs for row in run[g][name]] for name in table} for g in groups}
     prefill = {g: sum(pre[g] for _, pre in runs) for g in groups}
     results = {g: {name: summarize(rows, raw[g]["plain"], prefill[g]) for name, rows in per.items()}

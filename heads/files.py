@@ -38,6 +38,11 @@ def share(path) -> None:
             os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
+def file_on_path(path) -> Path | None:
+    """The first of ``path``'s parents that is a file (nothing can be made at ``path`` then), or None."""
+    return next((parent for parent in Path(path).parents if parent.is_file()), None)
+
+
 def atomic_leftover(path: Path, name: str) -> bool:
     """Whether ``path`` is a temporary file :func:`atomic_file` left beside ``name`` (its process killed mid-write)."""
     return path.is_file() and path.name.startswith(_temporary_prefix(name))

@@ -64,11 +64,12 @@ def check_batch(input_ids, attention_mask, pad_token_id: int | None) -> tuple[to
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("attention_mask must hold 0 (padding) and 1 (tokens) only")
     mask = mask.long()
-    if bool((mask[:, 1:] < mask[:, :-1]).any()):
-        after = (mask[:, 1:] < mask[:, :-1]).any(1) & (mask[:, -1] == 1)  # a 0 after a 1, then a 1 again
-        if bool(after.any()):
-            raise ValueError(f"attention_mask row(s) {after.nonzero().flatten().tolist()} have a hole (a 0 between "
-                             "tokens); speculative generation takes left padding only: drop the masked tokens")
+    drops = (mask[:, 1:] < mask[:, :-1]).any(1)  # [B]: a 0 after a 1
+    if bool(drops.any()):
+        holes = (drops & (mask[:, -1] == 1)).nonzero().flatten().tolist()  # ... then a 1 again
+        if holes:
+            raise ValueError(f"attention_mask row(s) {holes} have a hole (a 0 between tokens); speculative "
+                             "generation takes left padding only: drop the masked tokens")
         raise ValueError("attention_mask shows right padding (a 0 after a 1); speculative generation takes left-padded "
                          "batches, as generate does: set tokenizer.padding_side = 'left'")
     empty = (mask.sum(1) == 0).nonzero().flatten().tolist()

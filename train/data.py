@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from headway.heads.files import atomic_write_text, file_on_path
 from headway.heads.target import headway_cache_dir
-from headway.heads.files import atomic_write_text
 from headway.train.chat_template import tokenize_conversation
 from headway.train.records import is_local, load_conversations
 
@@ -63,8 +63,7 @@ class DataConfig:
             raise ValueError(f"heldout_fraction={self.heldout_fraction} is out of range: use a value in [0, 1)")
         if self.max_length < 8:
             raise ValueError(f"max_length={self.max_length} is too small: use at least 8 tokens")
-        cache = Path(self.cache_dir) if self.cache_dir else None
-        if cache is not None and (cache.is_file() or any(p.is_file() for p in cache.parents)):
+        if self.cache_dir and (Path(self.cache_dir).is_file() or file_on_path(self.cache_dir)):
             raise ValueError(f"cache_dir={self.cache_dir} is (or lies inside) a file; pass a folder, or None for the "
                              "default cache")
         if self.max_examples is not None and self.max_examples < 1:
@@ -72,6 +71,13 @@ class DataConfig:
         from headway.train.mix import parse_mix
 
         parse_mix(self.mix)  # a malformed entry or weight is named here
+
+    def check_fits(self, key: str, size: int) -> None:
+        """A one-line ValueError when a drafter's block of ``size`` tokens (the run config's ``key``) is longer than
+        every training sequence."""
+        if size > self.max_length:
+            raise ValueError(f"{key}={size} exceeds data.max_length={self.max_length}: no training sequence holds "
+                             "one of its blocks; lower it or raise data.max_length")
 
 
 def _safe_name(model_name: str) -> str:

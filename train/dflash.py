@@ -58,10 +58,7 @@ class DFlashRunConfig:
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(output_dir="outputs/dflash"))
 
     def __post_init__(self):
-        if self.dflash.block_size > self.data.max_length:
-            raise ValueError(f"dflash.block_size={self.dflash.block_size} exceeds data.max_length="
-                             f"{self.data.max_length}: no training sequence holds one of its blocks; lower it or "
-                             "raise data.max_length")
+        self.data.check_fits("dflash.block_size", self.dflash.block_size)
 
 
 def pick_anchors(loss_mask: torch.Tensor, count: int, generator: torch.Generator | None = None

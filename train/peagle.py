@@ -63,10 +63,7 @@ class PEagleRunConfig:
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(output_dir="outputs/peagle"))
 
     def __post_init__(self):
-        if self.peagle.parallel_depths > self.data.max_length:
-            raise ValueError(f"peagle.parallel_depths={self.peagle.parallel_depths} exceeds data.max_length="
-                             f"{self.data.max_length}: no training sequence holds one of its blocks; lower it or "
-                             "raise data.max_length")
+        self.data.check_fits("peagle.parallel_depths", self.peagle.parallel_depths)
 
 
 def parallel_mask(n: int, depths: int, device) -> torch.Tensor:

@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from headway.heads.files import RUN_CONFIG_NAME, atomic_leftover, atomic_write_text
+from headway.heads.files import RUN_CONFIG_NAME, atomic_leftover, atomic_write_text, file_on_path
 from headway.train import checkpoint as ckpt
 
 # Fields that may differ when a run is resumed (they do not change what is trained).
@@ -68,7 +68,7 @@ def output_dir_problem(out: Path, run_config: dict, *, overwrite: bool, resume: 
     folder that holds a headway run (or nothing), never one holding other files or this run's own inputs."""
     if out.exists() and not out.is_dir():
         return f"train.output_dir {out} is a file; the output folder must be a folder (or not exist yet)"
-    inside = next((parent for parent in out.parents if parent.is_file()), None)
+    inside = file_on_path(out)
     if inside is not None:
         return f"train.output_dir {out} lies inside {inside}, which is a file; choose a folder's path"
     if not out.is_dir():

@@ -30,7 +30,7 @@ import torch
 from headway.heads.base import CONFIG_NAME, Drafter, built_from_config, load_drafter, read_json
 from headway.heads.dflash import DFlashHead
 from headway.heads.formats import dflash, eagle, medusa
-from headway.heads.formats.folder import write_folder
+from headway.heads.formats.folder import file_keys, write_folder
 from headway.heads.registry import kind_of, kinds
 from headway.heads.values import first_line
 
@@ -106,14 +106,7 @@ def detect_format(path) -> str:
         if found is not None:
             return found
     for weights in sorted(folder.glob("*.safetensors")):  # a layout may go unrecognised for its unreadable weights
-        try:
-            from safetensors import safe_open
-
-            with safe_open(str(weights), framework="pt"):
-                pass
-        except Exception as exc:  # safetensors' own error type, or an OSError
-            raise ValueError(f"{weights} cannot be read ({first_line(exc)}): the weights are corrupt or cut short; "
-                             "copy them again") from None
+        file_keys(weights)
     found = {k: config.get(k) for k in ("architectures", "model_type") if k in config} if isinstance(config, dict) \
         else type(config).__name__
     raise ValueError(f"{folder} is not a drafter checkpoint headway reads (found config {found}, files "

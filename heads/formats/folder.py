@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, read_json
-from headway.heads.files import RUN_CONFIG_NAME, atomic_folder
+from headway.heads.files import RUN_CONFIG_NAME, atomic_folder, file_on_path
 from headway.heads.values import first_line
 
 
@@ -23,7 +23,7 @@ def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwr
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} exists and is not a folder; choose another output folder")
-    inside = next((parent for parent in out.parents if parent.is_file()), None)
+    inside = file_on_path(out)
     if inside is not None:
         raise ValueError(f"{out} lies inside {inside}, which is a file; choose another output folder")
     if out.is_dir() and any(out.iterdir()):
@@ -64,11 +64,17 @@ def read_config(folder: Path, what: str) -> dict:
 
 def read_keys(folder: Path) -> set[str]:
     """The tensor names in ``folder``'s model.safetensors, read from its header only."""
-    from safetensors import safe_open
-
     path = folder / WEIGHTS_NAME
     if not path.is_file():
         raise ValueError(f"{folder} has no {WEIGHTS_NAME}; headway reads safetensors weights only")
+    return file_keys(path)
+
+
+def file_keys(path: Path) -> set[str]:
+    """The tensor names in the safetensors file ``path``, from its header only; a one-line ValueError when it cannot
+    be read."""
+    from safetensors import safe_open
+
     try:
         with safe_open(str(path), "pt") as f:
             return set(f.keys())

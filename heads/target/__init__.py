@@ -154,7 +154,7 @@ def load_target(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = N
         )
     from safetensors import SafetensorError
 
-    check_tokenizer_files(path)  # before the weights: a large folder would load them first
+    tokenizer = load_tokenizer(path)  # before the weights: a folder without one fails before they load
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, EOFError, SafetensorError, RuntimeError) as exc:  # missing, truncated or corrupt weights
@@ -162,7 +162,6 @@ def load_target(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = N
         hint = "; a weight file is corrupt or cut short: download or copy it again" if corrupt else ""
         raise ValueError(f"cannot load the weights of {name_or_path!r}: {first_line(exc)}{hint}") from None
     model = model.to(device).eval()
-    tokenizer = load_tokenizer(path)
     if adapter is not None:
         model = apply_adapter(model, adapter, merge)
     return model, tokenizer
