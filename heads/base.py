@@ -164,16 +164,34 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"{path} is corrupt or truncated ({first_line(exc)}); re-export or re-download it") from None
 
 
-def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """Load every expected tensor with its exact shape, or say which ones are wrong."""
-    own = module.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
+def read_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes in ``path``, from its safetensors header alone (``read_weights``'s one-line errors)."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise ValueError(f"{path.parent} has no {WEIGHTS_NAME}; headway reads safetensors weights only")
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ValueError(f"{path} is corrupt or truncated ({first_line(exc)}); re-export or re-download it") from None
+
+
+def check_shapes(own: dict[str, tuple], found: dict[str, tuple], source: str) -> None:
+    """Every tensor the module holds (``own``: name -> shape) and no other, each with its shape, or say which not."""
+    missing = sorted(set(own) - set(found))
+    unexpected = sorted(set(found) - set(own))
     if missing or unexpected:
         raise ValueError(f"{source} does not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    for key, tensor in state.items():
-        if tensor.shape != own[key].shape:
-            raise ValueError(f"{source}: {key} has shape {tuple(tensor.shape)}, config expects {tuple(own[key].shape)}")
+    for key, shape in found.items():
+        if tuple(shape) != tuple(own[key]):
+            raise ValueError(f"{source}: {key} has shape {tuple(shape)}, config expects {tuple(own[key])}")
+
+
+def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load every expected tensor with its exact shape, or say which ones are wrong."""
+    check_shapes({k: tuple(t.shape) for k, t in module.state_dict().items()},
+                 {k: tuple(t.shape) for k, t in state.items()}, source)
     module.load_state_dict(state, strict=True)
 
 
@@ -320,9 +338,7 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
         data = read_config_file(folder)
         if cls is Drafter:
             cls = head_class(data)
-        source = folder / CONFIG_NAME
-        model = built_from_config(lambda: cls(cls.config_class.from_dict(data, source=str(source))), source,
-                                  also=(AttributeError, IndexError, ZeroDivisionError))
+        model = build_saved(cls, data, folder / CONFIG_NAME)
         state = read_weights(folder / WEIGHTS_NAME)
         floats = {t.dtype for t in state.values() if t.is_floating_point()}
         if len(floats) == 1:  # keep the checkpoint's precision (a bf16 export loads as bf16)
@@ -341,3 +357,21 @@ class Drafter(torch.nn.Module, PyTorchModelHubMixin, library_name="headway", tag
 def load_drafter(folder_or_hub_id, **kwargs) -> Drafter:
     """Load any headway drafter; the class is picked from ``drafter_type`` in config.json."""
     return Drafter.from_pretrained(folder_or_hub_id, **kwargs)
+
+
+def build_saved(cls, data: dict, source: Path) -> Drafter:
+    """A ``cls`` drafter built from the config.json dict ``data`` (read from ``source``), its weights not loaded."""
+    return built_from_config(lambda: cls(cls.config_class.from_dict(data, source=str(source))), source,
+                             also=(AttributeError, IndexError, ZeroDivisionError))
+
+
+def check_saved(folder: Path) -> None:
+    """What ``load_drafter`` refuses in a local headway folder, found from config.json and the safetensors header
+    alone (no weights read; the drafter built on the meta device): a config that cannot build the drafter, a
+    missing or unreadable model.safetensors, tensors missing, unexpected or of another shape. A one-line
+    ValueError. (``validate``'s checks of the values, e.g. the vocabulary maps, need the weights: not made.)"""
+    data = read_config_file(folder)
+    with torch.device("meta"):
+        model = build_saved(head_class(data), data, folder / CONFIG_NAME)
+    own = {k: tuple(t.shape) for k, t in model.state_dict().items()}
+    check_shapes(own, read_shapes(folder / WEIGHTS_NAME), str(folder / WEIGHTS_NAME))

@@ -1,8 +1,8 @@
 """``headway generate --chat-file``: a prompt file read into chat messages, or a one-line error naming the file.
 
-A file holds one conversation: a JSON list of {role, content} messages (or a record, ``{"messages": [...]}`` or
-ShareGPT's ``{"conversations": [...]}``), or any other text, which is one user message. A ``*.json`` file must be
-JSON, and every message needs content.
+A file holds one conversation: a JSON list of {role, content} messages (or one such message on its own, a record,
+``{"messages": [...]}``, or ShareGPT's ``{"conversations": [...]}``), or any other text, which is one user message.
+A ``*.json`` file must be JSON, and every message needs content.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ def read_chat_file(path: str | Path) -> list[dict]:
         raise ValueError(f"chat file {path} is not UTF-8 text (byte {exc.start}): pass a text file or "
                          f"{CHAT_JSON}") from None
     data = parse(path, text)
-    if isinstance(data, dict) and not {"messages", "conversations"} & data.keys():  # e.g. one message, unlisted
+    records = {"messages", "conversations"}
+    if isinstance(data, dict) and not records & data.keys() and {"role", "content"} <= data.keys():
+        data = [data]  # one message, unlisted
+    if isinstance(data, dict) and not records & data.keys():
         raise ValueError(f"chat file {path} holds an object, not a list: expected {CHAT_JSON} (one too: [{{...}}])")
     from headway.train.records import normalize_record
 

@@ -381,7 +381,7 @@ def run_info(args) -> int:
     info = need("headway.heads.hub.info", "headway info")
     found = info.describe_checkpoint(args.path)
     sys.stdout.write(json.dumps(found, indent=2) + "\n" if args.json else info.render_text(found))
-    return 0
+    return 1 if found.get("problem") else 0  # described, but it would not load
 
 
 def add_others(sub) -> None:
@@ -429,7 +429,8 @@ def add_others(sub) -> None:
     p.set_defaults(run=run_push)
 
     p = sub.add_parser("info", help="describe a drafter checkpoint: kind, target, sizes, training metrics",
-                       description="Describe a drafter checkpoint (a folder or a Hub id) without loading its weights.")
+                       description="Describe a drafter checkpoint (a folder or a Hub id) without loading its weights; "
+                                   "exit status 1 when it would not load (the problem is printed first).")
     p.add_argument("path", help="a drafter folder or Hub repo id")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(run=run_info)

@@ -7,7 +7,7 @@ import pytest
 from headway.chat_file import read_chat_file
 
 
-def test_a_chat_file_is_a_message_list_a_record_or_text(tmp_path):
+def test_a_chat_file_is_a_message_list_one_message_a_record_or_text(tmp_path):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     (tmp_path / "list.json").write_text(json.dumps(messages))
     (tmp_path / "record.json").write_text(json.dumps({"messages": messages}))
@@ -20,11 +20,13 @@ def test_a_chat_file_is_a_message_list_a_record_or_text(tmp_path):
     assert read_chat_file(tmp_path / "number.txt") == [{"role": "user", "content": "42"}]
     (tmp_path / "system.json").write_text(json.dumps([{"role": "system", "content": ""}, messages[1]]))
     assert read_chat_file(tmp_path / "system.json")[1] == messages[1]  # an empty system message is harmless
+    (tmp_path / "one.json").write_text(json.dumps(messages[1]))  # one message, not in a list
+    assert read_chat_file(tmp_path / "one.json") == [messages[1]]
 
 
 @pytest.mark.parametrize("name, content, problem", [
     ("chat.json", '[{"role": "user", "content": "hi"}', "is not valid JSON: Expecting ',' delimiter (line 1, column 35)"),
-    ("chat.json", '{"role": "user", "content": "hi"}', "holds an object, not a list"),
+    ("chat.json", '{"prompt": "hi"}', "holds an object, not a list"),
     ("chat.json", "", "is empty"),
     ("chat.txt", " \n", "is empty"),
     ("chat.json", '[{"role": "user"}]', "holds message 1 without content"),

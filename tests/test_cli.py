@@ -246,8 +246,8 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
 
 @pytest.mark.parametrize("name, content, problem", [
     ("chat.json", '[{"role": "user", "content": "hi"}', "is not valid JSON: Expecting ',' delimiter (line 1, column 35)"),
-    ("chat.json", '{"role": "user", "content": "hi"}', "holds an object, not a list: expected a JSON list of {role, "
-                                                       "content} messages (one too: [{...}])"),
+    ("chat.json", '{"prompt": "hi"}', "holds an object, not a list: expected a JSON list of {role, "
+                                      "content} messages (one too: [{...}])"),
     ("chat.json", "", "is empty: write the prompt in it"),
     ("chat.txt", " \n", "is empty: write the prompt in it"),
     ("chat.json", '[{"role": "user"}]', "holds message 1 without content"),
@@ -257,8 +257,9 @@ def test_generate_plain_and_chat_file_in_process(tiny_target, tmp_path, capsys):
     ("chat.txt", b"x" * 128 + b"\x80\x81", "is not UTF-8 text (byte 128)"),
 ])
 def test_a_bad_chat_file_is_one_line_naming_the_file(name, content, problem, tmp_path, capsys):
-    """--chat-file: a *.json file with a syntax error, one message object not in a list, an empty file, a message
-    without content, a binary file: one line naming the file and the problem, before any model loads."""
+    """--chat-file: a *.json file with a syntax error, an object that is neither a message nor a record, an empty
+    file, a message without content, a binary file: one line naming the file and the problem, before any model
+    loads."""
     from headway.cli import main
 
     chat = tmp_path / name
@@ -447,3 +448,14 @@ def test_convert_passes_the_feature_layers_a_format_lacks(monkeypatch, capsys):
     assert seen["feature_layers"] == [2, 15, 27] and "wrote dst (headway)" in capsys.readouterr().out
     seen.clear()
     assert main(["convert", "--to", "headway", "src", "dst"]) == 0 and "feature_layers" not in seen
+
+
+def test_convert_names_a_bad_output_folder_before_the_target_loads(tmp_path, capsys):
+    from headway.cli import main
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    assert main(["convert", "--to", "headway", str(tmp_path / "src"), str(tmp_path / "out"),
+                 "--target", str(tmp_path / "no-such-target")]) == 2
+    err = capsys.readouterr().err
+    assert "is not empty" in err and "no-such-target" not in err and "Traceback" not in err

@@ -17,7 +17,7 @@ from accelerate.utils import set_seed
 
 from headway.configs import resolve_config
 from headway.heads.target.features import num_layers
-from headway.heads.target import check_model_name, freeze, load_target
+from headway.heads.target import check_model_name, freeze, load_target, resolve_model_path
 from headway.heads.base import read_config_file, resolve_folder
 from headway.train.config import ConfigError, load_config, to_dict
 from headway.train.data import DataConfig, build_datasets, frequent_tokens, resolve_source
@@ -45,14 +45,14 @@ def setup_run(model: str, features: str, data: DataConfig, train: TrainConfig,
               layers: Callable[[object], list[int]] | None = None) -> RunSetup:
     """Accelerator, frozen target and data. ``layers(target)``: the target layers a feature cache
     must hold for this method (checked against the cache's fingerprint)."""
+    early = target_config(model)  # the context check before the weights load (minutes for a big model)
+    if early is not None:
+        check_context(data.max_length, early)
     acc = make_accelerator(train)
     with whole_weights(acc):
         target, tokenizer = load_target(model, device=acc.device)
     freeze(target)
-    context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
-    if context is not None and data.max_length > context:  # past it a target's positions are untrained or absent
-        raise ValueError(f"data.max_length={data.max_length} exceeds the target's context ({context} positions, "
-                         f"max_position_embeddings): set data.max_length <= {context}")
+    check_context(data.max_length, target.config)
     set_seed(train.seed)  # the drafter built next initialises from train.seed
     if features == "online":
         with acc.main_process_first():
@@ -64,6 +64,24 @@ def setup_run(model: str, features: str, data: DataConfig, train: TrainConfig,
     train_data = load_cached_features(Path(features) / "train", expect_meta=meta, expect_fingerprint=fingerprint)
     eval_data = load_cached_features(Path(features) / "heldout", expect_meta=meta, expect_fingerprint=fingerprint)
     return RunSetup(acc, target, tokenizer, train_data, eval_data, cached=True)
+
+
+def target_config(model: str):
+    """The target's config read alone (no weights), or None where that fails: the load then says why."""
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(resolve_model_path(model))
+    except Exception:  # noqa: BLE001 -- never a new failure: the check runs again after the load
+        return None
+
+
+def check_context(max_length: int, config) -> None:
+    """A one-line ValueError for sequences longer than the target's positions."""
+    context = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if context is not None and max_length > context:  # past it a target's positions are untrained or absent
+        raise ValueError(f"data.max_length={max_length} exceeds the target's context ({context} positions, "
+                         f"max_position_embeddings): set data.max_length <= {context}")
 
 
 @contextlib.contextmanager

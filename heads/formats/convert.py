@@ -30,7 +30,7 @@ import torch
 from headway.heads.base import CONFIG_NAME, Drafter, built_from_config, load_drafter, read_json
 from headway.heads.dflash import DFlashHead
 from headway.heads.formats import dflash, eagle, medusa
-from headway.heads.formats.folder import file_keys, write_folder
+from headway.heads.formats.folder import check_output_folder, file_keys, write_folder
 from headway.heads.registry import kind_of, kinds
 from headway.heads.values import first_line
 
@@ -187,6 +187,7 @@ def convert(src, out, to: str, *, fmt_from: str | None = None, overwrite: bool =
         raise ValueError(f"the output folder {out} is the source folder; write the conversion elsewhere")
     if Path(out).resolve() in Path(src).resolve().parents:
         raise ValueError(f"the output folder {out} holds the source folder {src}; write the conversion elsewhere")
+    check_output_folder(out, overwrite)  # before the drafter and the target load (minutes for a big target)
     model = _target_model(target)
     drafter = load_any(src, fmt_from, target=model, **{k: v for k, v in kwargs.items() if k in LOAD_OPTIONS})
     if "target_name_or_path" not in kwargs and isinstance(target, (str, os.PathLike)):

@@ -15,11 +15,10 @@ from headway.heads.files import RUN_CONFIG_NAME, atomic_folder, file_on_path
 from headway.heads.values import first_line
 
 
-def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwrite: bool, *,
-                 weights_name: str = WEIGHTS_NAME) -> Path:
-    """config.json and the weights (``weights_name``: safetensors, or a plain torch-saved dict of
-    tensors for a ``.pt`` name, loadable with ``weights_only=True``), written in a folder beside
-    ``out_dir`` and moved in whole; a non-empty ``out_dir`` is replaced only with ``overwrite``."""
+def check_output_folder(out_dir, overwrite: bool) -> None:
+    """A one-line ValueError when ``out_dir`` cannot take an exported drafter: a file, a path through a file, a
+    non-empty folder without ``overwrite``, or (with it) a training run's folder or a folder of other files.
+    Checked before anything loads (``convert``) and again when the folder is written."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} exists and is not a folder; choose another output folder")
@@ -37,6 +36,15 @@ def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwr
             names = ", ".join(sorted(child.name for child in out.iterdir())[:3])
             raise ValueError(f"{out} holds files but no drafter ({names}); overwrite replaces a drafter's folder "
                              "only: choose another folder, or empty that one yourself")
+
+
+def write_folder(out_dir, config: dict, tensors: dict[str, torch.Tensor], overwrite: bool, *,
+                 weights_name: str = WEIGHTS_NAME) -> Path:
+    """config.json and the weights (``weights_name``: safetensors, or a plain torch-saved dict of
+    tensors for a ``.pt`` name, loadable with ``weights_only=True``), written in a folder beside
+    ``out_dir`` and moved in whole; a non-empty ``out_dir`` is replaced only with ``overwrite``."""
+    out = Path(out_dir)
+    check_output_folder(out, overwrite)
     with atomic_folder(out, f".{out.name}.export-", replace=True) as tmp:
         weights = {k: v.contiguous() for k, v in tensors.items()}
         if weights_name.endswith(".safetensors"):

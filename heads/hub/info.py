@@ -2,8 +2,9 @@
 
 ``describe_checkpoint`` reads headway's own folders from their JSON files and safetensors headers
 (no weights are loaded); a foreign layout (official Medusa, vLLM, EAGLE, SGLang, speculators) is
-imported with the converter to say what it holds. ``render_text`` turns the dict into the
-human-readable summary the command line prints.
+imported with the converter to say what it holds. A headway folder that ``load_drafter`` would refuse
+(weights missing, truncated or of other shapes than its config's) is still described, with the reason as
+``"problem"``. ``render_text`` turns the dict into the human-readable summary the command line prints.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from safetensors import SafetensorError, safe_open
 
-from headway.heads.base import WEIGHTS_NAME, read_json, resolve_folder
+from headway.heads.base import WEIGHTS_NAME, check_saved, read_json, resolve_folder
 from headway.heads.hub.card import EVAL_METRICS_NAME, RUN_CONFIG_NAME
 from headway.heads.registry import find_kind, kind_of_config
 from headway.heads.values import first_line
@@ -33,7 +34,8 @@ _FOREIGN_KEYS = {
 
 
 def describe_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Describe a drafter folder (or Hub repo id): format, drafter, target, sizes, training.
+    """Describe a drafter folder (or Hub repo id): format, drafter, target, sizes, training, and ``"problem"``:
+    why ``load_drafter`` would refuse a headway folder (one line), or None.
 
     Raises ``ValueError`` when the folder is not a drafter checkpoint headway can read, and
     ``FileNotFoundError`` when it does not exist.
@@ -55,11 +57,24 @@ def describe_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         fields = _headway_fields(drafter.config.to_dict())
     else:
         fields = _foreign_fields(fmt, config)
-    info = {"path": str(folder), "format": fmt, **fields, "weights": weights_summary(folder)}
+    info = {"path": str(folder), "format": fmt, **fields, "weights": weights_summary(folder, strict=False)}
     if drafter is not None and not info["weights"]["tensors"]:  # pickled weights (medusa-v0.1): count the import
         info["weights"]["parameters"] = sum(p.numel() for p in drafter.parameters())
     info["training"] = training_summary(folder)
+    info["problem"] = load_problem(folder) if fmt == "headway" else None
     return info
+
+
+def load_problem(folder: Path) -> str | None:
+    """Why ``load_drafter`` would refuse the headway folder (one line), or None; from config.json and the
+    safetensors header alone (``check_saved``)."""
+    try:
+        check_saved(folder)
+    except ValueError as exc:
+        return first_line(exc, limit=1000)  # headway's own one-line message, whole
+    except (RuntimeError, NotImplementedError):  # a drafter that cannot be built on the meta device: not checked
+        pass
+    return None
 
 
 def _headway_fields(config: dict) -> dict[str, Any]:
@@ -100,9 +115,10 @@ def _foreign_fields(fmt: str, config: dict) -> dict[str, Any]:
     return out
 
 
-def weights_summary(folder: Path) -> dict[str, Any]:
+def weights_summary(folder: Path, strict: bool = True) -> dict[str, Any]:
     """Tensor count, parameter count (floating-point tensors) and dtypes of the safetensors files, read
-    from their headers only, and the bytes of every weight file (pickled ones are sized, never opened)."""
+    from their headers only, and the bytes of every weight file (pickled ones are sized, never opened).
+    A file whose header cannot be read is a one-line ValueError, or with ``strict=False`` counts no tensors."""
     files = [folder / WEIGHTS_NAME] if (folder / WEIGHTS_NAME).is_file() else sorted(folder.glob("*.safetensors"))
     files += sorted(f for f in folder.iterdir() if f.suffix in (".pt", ".bin") and f.is_file())
     tensors, params, dtypes = 0, 0, {}
@@ -120,6 +136,8 @@ def weights_summary(folder: Path) -> dict[str, Any]:
                     if dtype.startswith(("F", "BF")):
                         params += numel
         except (SafetensorError, OSError) as exc:
+            if not strict:
+                continue
             raise ValueError(f"{file} is corrupt or truncated ({first_line(exc)}); "
                              "re-export or re-download it") from None
     return {"files": [f.name for f in files], "bytes": sum(f.stat().st_size for f in files),
@@ -171,11 +189,13 @@ def _size(n: int) -> str:
 def render_text(info: dict[str, Any]) -> str:
     """The human-readable summary of ``describe_checkpoint``'s dict."""
     kind = info.get("kind") or info.get("drafter_type") or "unknown"
-    lines = [info["path"],
-             f"  format      {info['format']}" + (f" ({kind})" if info["format"] == "headway" else ""),
-             f"  drafter     {info['description']}",
-             f"  target      {info.get('target') or 'not recorded'}"
-             f" (hidden size {info.get('hidden_size')}, vocabulary {info.get('vocab_size')})"]
+    lines = [info["path"]]
+    if info.get("problem"):  # first, where it is seen: this folder does not load
+        lines.append(f"  PROBLEM     this folder does not load: {info['problem']}")
+    lines += [f"  format      {info['format']}" + (f" ({kind})" if info["format"] == "headway" else ""),
+              f"  drafter     {info['description']}",
+              f"  target      {info.get('target') or 'not recorded'}"
+              f" (hidden size {info.get('hidden_size')}, vocabulary {info.get('vocab_size')})"]
     w = info["weights"]
     tensors = f" in {w['tensors']} tensors ({', '.join(sorted(w['dtypes']))})" if w["tensors"] else ""
     lines.append(f"  weights     {w['parameters']:,} parameters{tensors}, "

@@ -200,3 +200,24 @@ def test_config_values_that_cannot_build_the_drafter(tiny_llama, tmp_path, chang
     finally:
         logger.setLevel(level)
     assert "\n" not in str(err.value)
+
+
+def test_check_saved_refuses_what_load_drafter_refuses_without_reading_weights(tiny_llama, tmp_path, monkeypatch):
+    """check_saved (headway info) builds every kind on the meta device and compares the safetensors header."""
+    import warnings
+
+    from headway.heads import base
+
+    target, _ = tiny_llama
+    for kind in kinds():
+        folder = tmp_path / kind.name
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # EAGLE-3's layers of the 2-layer tiny target warn
+            kind.head.from_target(target).save_pretrained(folder)
+        base.check_saved(folder)
+    folder = tmp_path / "medusa"
+    cfg = json.loads((folder / CONFIG_NAME).read_text())
+    (folder / CONFIG_NAME).write_text(json.dumps({**cfg, "num_heads": cfg["num_heads"] + 1}))
+    monkeypatch.setattr(base, "load_file", lambda *a, **k: pytest.fail("check_saved read the weights"))
+    with pytest.raises(ValueError, match=r"model.safetensors does not match the config: missing \['blocks"):
+        base.check_saved(folder)

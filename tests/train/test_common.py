@@ -108,3 +108,28 @@ def test_draft_vocabulary_is_the_most_frequent_answer_tokens(tiny_llama):
     assert common.draft_vocabulary(setup, None) is None and common.draft_vocabulary(setup, 0) is None
     assert common.draft_vocabulary(setup, 2) == [7, 6]  # 5 and 9 are not answer tokens
     assert common.draft_vocabulary(setup, 4) == [7, 6, 0, 1]
+
+
+def test_max_length_past_the_targets_context_is_refused_before_its_weights_load(tmp_path, monkeypatch):
+    from transformers import LlamaConfig
+
+    from headway.train.data import DataConfig
+    from headway.train.loop import TrainConfig
+
+    folder = tmp_path / "short-target"
+    LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, vocab_size=32, max_position_embeddings=64).save_pretrained(folder)
+    (folder / "model.safetensors").write_bytes(b"\x00" * 10)  # corrupt: the weights must never be read
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the target's weights loaded before the context check")
+
+    monkeypatch.setattr(common, "load_target", no_weights)
+    monkeypatch.setattr(common, "make_accelerator", no_weights)
+    with pytest.raises(ValueError, match=r"data.max_length=128 exceeds the target's context \(64 positions"):
+        common.setup_run(str(folder), "online", DataConfig(max_length=128), TrainConfig())
+
+
+def test_an_unreadable_target_config_leaves_the_context_check_to_after_the_load(monkeypatch):
+    monkeypatch.setattr(common, "resolve_model_path", lambda name: "/no/such/model/folder")
+    assert common.target_config("anything") is None

@@ -134,6 +134,30 @@ def test_refuses_to_overwrite(tiny_llama, tmp_path):
         export_any(nn.Linear(2, 2), tmp_path / "x", "headway")
 
 
+def test_the_output_folder_is_refused_before_the_drafter_and_target_load(tmp_path, monkeypatch):
+    """A folder convert would refuse to write is named before the (possibly huge) target and the source load."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("user data")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run_config.json").write_text("{}")
+    (tmp_path / "run" / "config.json").write_text("{}")
+    (tmp_path / "a-file").write_text("mine")
+
+    def never(*args, **kwargs):
+        raise AssertionError("loaded before the output folder was checked")
+
+    monkeypatch.setattr(convert_module, "load_any", never)
+    cases = [("out", False, "is not empty; .* overwrite=True"), ("out", True, "holds files but no drafter"),
+             ("run", True, "holds a training run"), ("a-file", False, "exists and is not a folder"),
+             ("a-file/sub", False, "lies inside .*a-file, which is a file")]
+    for name, overwrite, message in cases:
+        with pytest.raises(ValueError, match=message) as err:
+            convert(tmp_path / "missing-src", tmp_path / name, "headway", overwrite=overwrite,
+                    target=str(tmp_path / "no-such-target"))
+        one_line(err)
+    assert file_names(tmp_path / "out") == ["keep.txt"]
+
+
 # --- the registry itself ----------------------------------------------------------------------------
 
 def test_the_0_1_import_path_still_works():

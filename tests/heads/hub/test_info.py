@@ -3,10 +3,11 @@ their JSON files and safetensors headers, foreign layouts imported to say what t
 records, the printed summary, and one-line errors for files it cannot read."""
 
 import json
+import re
 
 import pytest
 
-from headway.heads import MedusaConfig, MedusaHeads
+from headway.heads import MedusaConfig, MedusaHeads, load_drafter
 from headway.heads.formats.convert import export_any
 from headway.heads.hub.info import describe_checkpoint, describe_drafter, render_text
 from tests.heads.hub.helpers import TARGET, tiny_heads
@@ -96,13 +97,50 @@ def test_files_it_cannot_read_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match=r"eval_metrics.json is not valid JSON \(.* at line 1\)$"):
         describe_checkpoint(folder)
     (folder / "eval_metrics.json").unlink()
-    weights = folder / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:40])
-    with pytest.raises(ValueError, match=r"model.safetensors is corrupt or truncated \(.*\); re-export or re-download"):
-        describe_checkpoint(folder)
     (tmp_path / "list").mkdir()
     (tmp_path / "list" / "config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match=r"config.json holds a list, not a drafter config"):
         describe_checkpoint(tmp_path / "list")
     with pytest.raises(FileNotFoundError, match="no drafter folder at"):
         describe_checkpoint(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("damage, problem", [
+    ("truncated", r"model.safetensors is corrupt or truncated \(.*\); re-export or re-download it$"),
+    ("cut header", r"model.safetensors is corrupt or truncated \(.*\); re-export or re-download it$"),
+    ("missing", r"has no model.safetensors; headway reads safetensors weights only$"),
+    ("other shapes", r"model.safetensors: .* has shape \(16,\), config expects \(8,\)$"),
+])
+def test_a_folder_load_drafter_refuses_is_described_with_its_problem(damage, problem, tmp_path, capsys):
+    """`headway info` still describes it, names what load_drafter would refuse first, and exits 1."""
+    from headway.cli import main
+
+    folder = tmp_path / "d"
+    tiny_heads(0).save_pretrained(folder)
+    weights, config = folder / "model.safetensors", json.loads((folder / "config.json").read_text())
+    if damage == "missing":
+        weights.unlink()
+    elif damage == "other shapes":
+        (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 8}))
+    else:
+        weights.write_bytes(weights.read_bytes()[:40 if damage == "cut header" else -100])
+    info = describe_checkpoint(folder)
+    assert re.search(problem, info["problem"]) and "\n" not in info["problem"], info["problem"]
+    assert (info["format"], info["kind"], info["num_heads"]) == ("headway", "medusa", 2)
+    with pytest.raises(ValueError, match=problem):
+        load_drafter(folder)  # the same refusal
+    assert main(["info", str(folder)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == f"  PROBLEM     this folder does not load: {info['problem']}" and lines[2].startswith("  format")
+    assert main(["info", str(folder), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["problem"] == info["problem"]
+
+
+def test_a_healthy_folder_has_no_problem(tmp_path, capsys):
+    from headway.cli import main
+
+    folder = training_folder(tmp_path / "run", tiny_heads(0))
+    assert describe_checkpoint(folder)["problem"] is None
+    assert main(["info", str(folder)]) == 0 and "PROBLEM" not in capsys.readouterr().out
+    assert main(["info", str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["problem"] is None
