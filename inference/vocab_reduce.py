@@ -1,18 +1,23 @@
 """Argmax and top-k over the vocabulary on a CPU, through the maxima of the vocabulary's chunks.
 
-torch's CPU ``argmax``, ``max(dim)`` and ``topk`` walk a row of logits one element at a time (measured
-with torch 2.13, one thread: about 1 us per 1,000 logits, 124 us for 3 rows of SmolLM2's 49,152),
-while ``amax`` is vectorized (about 0.15 us per 1,000). So a row of V = n * CHUNK logits is reduced
-in two steps: each chunk's maximum (``amax`` over [R, n, CHUNK]), then the argmax or top-k among
-the logits of the best chunks only (32 us for the same 3 rows; ``scripts/vocab_reduce_bench.py``).
+torch's CPU ``argmax`` and ``topk`` walk a row of logits one element at a time, while ``amax`` and
+``max(dim)`` are vectorized. What a call costs where the runtime makes it, right after a vocabulary
+projection has streamed its weight through the caches (``scripts/vocab_reduce_bench.py --cold``, torch 2.13,
+one thread), is several times its cost in a loop over the same tensor: every op and every fresh output then
+misses the caches. Measured that way, ``max(-1)`` beats ``argmax`` everywhere (1 x 16,384: 44 us
+against 52; 4 x 16,384: 77 against 128; 1 x 49,152: 91 against 142), and a row of V = n * CHUNK logits
+reduced in two steps (each chunk's maximum with ``amax`` over [R, n, CHUNK], then the argmax or top-k among
+the best chunks only) pays from about 250,000 logits for an argmax (8 x 49,152: 500 us against ``max``'s
+639) and about 130,000 for a top-k (4 x 49,152: 449 us against 509), under which its extra ops cost more
+than they save (1 x 16,384: 121 us against ``max``'s 46).
 
-The results are torch's own: ``argmax`` gives the first maximal index (the first chunk holding the
-maximum, then its first maximal element; a NaN counts as the maximum in both, as in torch), and
-``topk`` the same values (the k largest values can all be found in the k chunks with the largest
-maxima); only which of exactly tied values' indices come back, and in which order, may differ,
-which torch leaves unspecified. Small inputs (under ``MIN_ELEMENTS``, where the extra calls cost more
-than they save), rows read with a stride, vocabularies that are not a multiple of CHUNK, a k above the
-number of chunks, and other devices (one kernel on a GPU) take torch's call.
+The results are torch's own: ``argmax`` gives the first maximal index (``max(-1)`` returns the same one; the
+chunked form takes the first chunk holding the maximum, then its first maximal element; a NaN counts as the
+maximum in each, as in torch), and ``topk`` the same values (the k largest values can all be found in the k
+chunks with the largest maxima); only which of exactly tied values' indices come back, and in which order,
+may differ, which torch leaves unspecified. Smaller inputs, rows read with a stride, vocabularies that are not
+a multiple of CHUNK and a k above the number of chunks take torch's call (``max(-1)`` for an argmax on a CPU);
+other devices (one kernel on a GPU) take torch's call as it is.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from __future__ import annotations
 import torch
 
 CHUNK = 128  # logits per chunk (a multiple of the SIMD width; divides 16,384, 32,000, 49,152, 128,256, 151,936)
-MIN_ELEMENTS = 32_768  # below this many logits in all, torch's own call is faster (measured: 1 x 16,384 is)
+# below this many logits in all, torch's own call is faster where the runtime makes it (after a projection)
+ARGMAX_MIN = 250_000  # 4 x 49,152: max(-1) 331-334 us, chunks 343-373; 8 x 49,152: 639 against 500
+TOPK_MIN = 131_072  # 8 x 16,384: 238 us both ways; 4 x 16,384: topk 135-138, chunks 157-183
 
 
 def _chunked(x: torch.Tensor, k: int = 1) -> bool:
-    if x.dim() == 0 or x.device.type != "cpu" or x.numel() < MIN_ELEMENTS:
+    if x.dim() == 0 or x.device.type != "cpu" or x.numel() < (ARGMAX_MIN if k == 1 else TOPK_MIN):
         return False
     # a row read with a stride (a transposed product's) defeats amax's vectorization:
     # measured 3x slower chunked than torch's call on it, and a copy to contiguous costs what the chunks save
@@ -35,7 +42,7 @@ def _chunked(x: torch.Tensor, k: int = 1) -> bool:
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(-1)``: x [..., V] -> [...] long, the first maximal index."""
     if not _chunked(x):
-        return x.argmax(-1)
+        return x.max(-1).indices if x.dim() and x.device.type == "cpu" else x.argmax(-1)  # the same index
     blocks = x.unflatten(-1, (x.shape[-1] // CHUNK, CHUNK))  # [..., n, C]
     best = blocks.amax(-1).argmax(-1, keepdim=True)  # [..., 1]: the first chunk holding the maximum
     inner = blocks.gather(-2, best.unsqueeze(-1).expand(*best.shape, CHUNK)).argmax(-1)  # [..., 1]

@@ -11,7 +11,7 @@ from headway.inference import Lookahead, PromptLookup, SpeculativeGenerator, voc
 def cases(v: int):
     g = torch.Generator().manual_seed(0)
     yield torch.randn(3, v, generator=g)  # distinct values
-    yield torch.randint(0, 3, (4, v), generator=g).float()  # many ties, the maximum in several chunks
+    yield torch.randint(0, 3, (16, v), generator=g).float()  # many ties, the maximum in several chunks (argmax's too)
     late = torch.zeros(2, v)
     late[:, [2 * 128 + 5, 4 * 128, 7 * 128 + 1]] = 1.0  # tied maxima in later chunks: the first one's, 261
     yield late
@@ -30,8 +30,8 @@ def cases(v: int):
 def test_argmax_and_topk_are_torchs(v, dtype):
     for x in cases(v):
         x = x.to(dtype)
-        chunked = x.reshape(-1, v).shape[0] * v >= vocab_reduce.MIN_ELEMENTS and x.stride(-1) == 1
-        assert vocab_reduce._chunked(x, 4) == chunked
+        for k, least in ((1, vocab_reduce.ARGMAX_MIN), (4, vocab_reduce.TOPK_MIN)):
+            assert vocab_reduce._chunked(x, k) == (x.reshape(-1, v).shape[0] * v >= least and x.stride(-1) == 1)
         assert torch.equal(vocab_reduce.argmax(x), x.argmax(-1))
         for k in (1, 2, 4):
             values, indices = vocab_reduce.topk(x, k)
@@ -46,17 +46,22 @@ def test_argmax_and_topk_are_torchs(v, dtype):
 def test_the_first_chunk_holding_the_maximum_wins():
     """Tied maxima in chunks 2, 4 and 7 of 8: index 261, the first (torch's topk(1) over the chunks' maxima gives
     chunk 4 here, so picking the chunk by anything but argmax fails)."""
-    x = torch.zeros(32, 8 * vocab_reduce.CHUNK)
+    x = torch.zeros(256, 8 * vocab_reduce.CHUNK)
     x[:, [2 * 128 + 5, 4 * 128, 7 * 128 + 1]] = 1.0
     assert vocab_reduce._chunked(x)
-    assert vocab_reduce.argmax(x).tolist() == [261] * 32 == x.argmax(-1).tolist()
+    assert vocab_reduce.argmax(x).tolist() == [261] * 256 == x.argmax(-1).tolist()
 
 
 def test_small_inputs_and_other_vocabularies_take_torchs_call():
     for x in (torch.randn(16384), torch.randn(4, 50257), torch.randn(300, 64), torch.tensor(3.0)):
         assert not vocab_reduce._chunked(x)
         assert torch.equal(vocab_reduce.argmax(x), x.argmax(-1))
-    x = torch.randn(1, 256 * vocab_reduce.CHUNK)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):  # one row through max(-1): argmax's index
+        for row in cases(16384):
+            x = row.reshape(-1, 16384)[-1].to(dtype)
+            assert not vocab_reduce._chunked(x)
+            assert torch.equal(vocab_reduce.argmax(x), x.argmax(-1))
+    x = torch.randn(4, 256 * vocab_reduce.CHUNK)  # 131,072 logits: a top-k's chunks
     assert vocab_reduce._chunked(x, 256) and not vocab_reduce._chunked(x, 257)  # k above the chunks: torch's
 
 
@@ -79,7 +84,8 @@ def test_every_drafter_drafts_the_same_through_chunks(family, eagle, name, monke
     plain = [gen.generate(p, max_new_tokens=m).stats.accepted_per_step for p, m, _ in rows]
     with monkeypatch.context() as patch:
         patch.setattr(vocab_reduce, "CHUNK", 2)
-        patch.setattr(vocab_reduce, "MIN_ELEMENTS", 0)
+        patch.setattr(vocab_reduce, "ARGMAX_MIN", 0)
+        patch.setattr(vocab_reduce, "TOPK_MIN", 0)
         for (prompt, max_new, ref), accepted in zip(rows, plain):
             out = gen.generate(prompt, max_new_tokens=max_new)
             assert torch.equal(out.sequences, ref)
