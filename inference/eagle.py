@@ -172,7 +172,8 @@ class EagleProposer(Proposer):
         if root_h is None or (isinstance(tree, Tree) and tree.size == 1):
             return root_only(ctx)
         head, device, length = self.head, self._device, ctx.tokens.shape[0]
-        root_logits = (yield Project(head, root_h[None]))[0]  # [V']
+        root_rows = root_h[None]  # [1, H]
+        root_logits = (yield Project(head, root_rows))[0]  # [V']
         tensor_rounds = self.tensor_rounds if self.tensor_rounds is not None else device.type == "cuda"
         if isinstance(tree, DynamicTree) and tensor_rounds:
             draft = yield from self._grow_tensors(tree, ctx, root_h, root_logits)
@@ -183,16 +184,15 @@ class EagleProposer(Proposer):
         else:
             growth = grow_static(tree, ctx.root_token, root_logits, ctx.sampling, ctx.generator, head.to_target_ids,
                                  self._widen, ctx.scored)
-        hidden = {0: root_h}  # node -> its output h' (what its children read)
+        outputs = {0: (root_rows, 0)}  # node -> (the outputs h' [R, H] of its feed, its row): what its children read
         try:
             exp, nodes = next(growth)
             while True:
                 request = Feed(self, exp.token_ids(nodes, device), exp.node_depths(nodes, device) + (length - 2),
-                               torch.stack([hidden[exp.parents[n]] for n in nodes]), feed_block(exp, nodes, device),
+                               parent_outputs(outputs, [exp.parents[n] for n in nodes]), feed_block(exp, nodes, device),
                                sees_all(exp, nodes))
                 out, logits = yield request  # [R, H], [R, V']
-                for r, n in enumerate(nodes):
-                    hidden[n] = out[r]
+                outputs.update((n, (out, r)) for r, n in enumerate(nodes))
                 exp, nodes = growth.send(logits)
         except StopIteration as done:
             draft = done.value
@@ -219,6 +219,15 @@ class EagleProposer(Proposer):
         if self._graphs is None:
             return None
         return self._graphs.level(self._cache, tokens, hidden, positions, blocked, self._seen)
+
+
+def parent_outputs(outputs: dict, parents: list[int]) -> torch.Tensor:
+    """The outputs h' [R, H] of ``parents`` (``outputs``: node -> (a feed's outputs [R', H], its row)): one feed's
+    outputs as they are where the parents are its rows in order (a chain's level), else stacked row by row."""
+    fed, found = outputs[parents[0]][0], [outputs[p] for p in parents]
+    if len(parents) == fed.shape[0] and all(out is fed and row == i for i, (out, row) in enumerate(found)):
+        return fed
+    return torch.stack([out[row] for out, row in found])
 
 
 class CatchUp(DraftRequest):
