@@ -8,8 +8,8 @@ misses the caches. Measured that way, ``max(-1)`` beats ``argmax`` everywhere (1
 against 52; 4 x 16,384: 77 against 128; 1 x 49,152: 91 against 142), and a row of V = n * CHUNK logits
 reduced in two steps (each chunk's maximum with ``amax`` over [R, n, CHUNK], then the argmax or top-k among
 the best chunks only) pays from about 250,000 logits for an argmax (8 x 49,152: 500 us against ``max``'s
-639) and about 130,000 for a top-k (4 x 49,152: 449 us against 509), under which its extra ops cost more
-than they save (1 x 16,384: 121 us against ``max``'s 46).
+639) and about 100,000 for a top-k (1 x 128,256: 321 us against 537; 4 x 49,152: 449 against 509), under
+which its extra ops cost more than they save (1 x 16,384: 121 us against ``max``'s 46).
 
 The results are torch's own: ``argmax`` gives the first maximal index (``max(-1)`` returns the same one; the
 chunked form takes the first chunk holding the maximum, then its first maximal element; a NaN counts as the
@@ -27,7 +27,7 @@ import torch
 CHUNK = 128  # logits per chunk (a multiple of the SIMD width; divides 16,384, 32,000, 49,152, 128,256, 151,936)
 # below this many logits in all, torch's own call is faster where the runtime makes it (after a projection)
 ARGMAX_MIN = 250_000  # 4 x 49,152: max(-1) 331-334 us, chunks 343-373; 8 x 49,152: 639 against 500
-TOPK_MIN = 131_072  # 8 x 16,384: 238 us both ways; 4 x 16,384: topk 135-138, chunks 157-183
+TOPK_MIN = 98_304  # 6 x 16,384: chunks 171 us, topk 213; 4 x 16,384: topk 135-154, chunks 157-224
 
 
 def _chunked(x: torch.Tensor, k: int = 1) -> bool:
