@@ -324,9 +324,9 @@ class SpeculativeGenerator:
                 if capture:  # the prompt's features, then the accepted path's: positions length-1 .. length-1+accepted
                     rows = graph_rows if graphed is not None else capture.pop()[0]  # [M + W, F]
                     m = 0 if pending is None else pending.shape[0]
-                    if graphed is None and path[-1] == len(path) - 1:  # a chain's path: a slice of this round's rows
-                        accepted = rows[m:m + len(path)]
-                    else:  # (a captured pass's rows are its buffer, written again by the next replay: copied)
+                    if path[-1] == len(path) - 1:  # a chain's path: a slice of this round's rows (a captured pass's
+                        accepted = rows[m:m + len(path)]  # are a copy of its buffer too: target_graphs.verify)
+                    else:
                         accepted = rows.index_select(0, torch.tensor([i + m for i in path], device=device))
                     if m or prompt_rows is not None:
                         accepted = torch.cat([rows[:m] if m else prompt_rows, accepted])

@@ -271,3 +271,34 @@ def test_auto_learns_nothing_from_a_round_that_captured(family, eagle, monkeypat
         assert torch.equal(gen.generate(prompt, max_new_tokens=max_new).sequences, ref)
     assert any(c for c, _ in seen) and all(s == 0.0 for c, s in seen if c)
     assert any(s > 0 for c, s in seen if not c)
+
+
+def test_features_kept_over_plain_rounds_outlive_the_next_replay(family, eagle, monkeypatch):
+    """Under tree="auto" a plain round keeps its features for the drafter's next round, past the next verification
+    pass; a captured pass's feature rows live in its buffer, written again by every replay of its width, so what the
+    pass hands over (``VerifyGraphs.verify``) is a copy, which a chain's path keeps as a slice. auto's choices scripted: every round drafts and is cut to its root (verified at width 1), and
+    every other round is a plain step (width 1 again) before the drafter reads those features: the drafts under
+    graphs equal the eager run's round for round (a view of the buffer would hand the drafter the next pass's rows)."""
+    from headway.inference.auto import AutoTree
+    from headway.inference.proposer import ROOT_ONLY, Draft
+
+    rounds = {"n": 0}
+
+    def alternate(self, gated=False):
+        rounds["n"] += 1
+        return rounds["n"] % 2 == 0
+
+    monkeypatch.setattr(AutoTree, "should_draft", alternate)
+    monkeypatch.setattr(AutoTree, "probe_first", lambda self, proposer, ctx: (True, False))
+    monkeypatch.setattr(AutoTree, "select", lambda self, draft, *args, **kwargs: Draft(ROOT_ONLY, draft.tokens[:1]))
+    runs = {}
+    for label, flag in (("eager", False), ("graphs", TracedGraphs())):
+        gen = SpeculativeGenerator(family.target, eagle[3], tree="auto", cuda_graphs=flag)
+        runs[label] = recorded(gen)[0]
+        for prompt, max_new in zip(family.prompts[:3], family.max_new[:3]):
+            rounds["n"] = 0
+            out = gen.generate(prompt, max_new_tokens=max_new)
+            assert torch.equal(out.sequences, reference_generate(family.target, prompt, max_new))
+    assert len(runs["eager"]) == len(runs["graphs"]) > 5
+    for r, (a, b) in enumerate(zip(runs["eager"], runs["graphs"])):
+        assert a[:2] == b[:2], f"round {r} drafted another tree under graphs"
