@@ -164,6 +164,13 @@ class BufferLayer(DynamicLayer):
     keys = property(lambda self: self._view("keys"), lambda self, v: self._assign("keys", v))
     values = property(lambda self: self._view("values"), lambda self, v: self._assign("values", v))
 
+    def get_seq_length(self) -> int:
+        """The cached length, read without the two views of the buffer transformers' own makes (``keys.numel()``,
+        ``keys.shape``: a model's forward asks once per pass and mask, LayerSkip's trim once per early layer)."""
+        if self._buf["keys"] is None:
+            return super().get_seq_length()
+        return self._length["keys"] if self.is_initialized else 0
+
     def crop(self, tokens_to_remove: int) -> None:
         """transformers' ``crop`` (a negative count of slots to drop) as two lengths moved: no views made."""
         if tokens_to_remove < 0 and self._buf["keys"] is not None and self._buf["values"] is not None:

@@ -110,6 +110,41 @@ def test_buffer_layer_crop_moves_its_lengths_as_a_dynamic_layer_crops(tiny_llama
         layer.crop(2)
 
 
+def test_buffer_layer_length_is_read_without_views(tiny_llama, monkeypatch):
+    """get_seq_length answers as DynamicLayer's (empty, written, cropped, compacted, reset, reused) without making
+    a view of its buffers (transformers' reads keys twice: a model asks every pass, LayerSkip per early layer)."""
+    model, _ = tiny_llama
+    caches = [DynamicCache(config=model.config), new_cache(model, capacity=32)]
+    layer = caches[1].layers[0]
+    views = []
+    view = BufferLayer._view
+    monkeypatch.setattr(BufferLayer, "_view", lambda self, name: views.append(name) or view(self, name))
+
+    def same():
+        views.clear()
+        assert caches[1].get_seq_length() == caches[0].get_seq_length()
+        assert layer.get_seq_length() == caches[0].layers[0].get_seq_length()
+        return not views or layer._buf["keys"] is None  # no view once the layer has its buffer
+
+    assert same()
+    with torch.no_grad():
+        for ids in (torch.arange(3, 13)[None], torch.arange(20, 25)[None]):
+            for cache in caches:
+                model(input_ids=ids, past_key_values=cache, use_cache=True)
+            assert same()
+    for cache in caches:
+        cache.crop(-6)
+    assert same() and caches[1].get_seq_length() == 9
+    compact_cache(caches[1], 4, [0, 2, 3], 5)
+    for layer_ in caches[0].layers:  # the same entries kept by hand
+        keep = torch.tensor([0, 1, 2, 3, 4, 6, 7])
+        layer_.keys, layer_.values = layer_.keys[:, :, keep], layer_.values[:, :, keep]
+    assert same() and caches[1].get_seq_length() == 7
+    for cache in caches:
+        cache.reset()
+    assert same()
+
+
 @pytest.mark.parametrize("buffers", [True, False])
 @pytest.mark.parametrize("keep", [[0, 2, 5], [1, 3], [0, 1, 2], [0, 1, 2, 3, 4, 5], [0, 1, 4, 5], [2]])
 def test_compact_cache_keeps_exactly_the_kept_entries(tiny_llama, keep, buffers):
