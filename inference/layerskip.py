@@ -121,6 +121,7 @@ class LayerSkipProposer(Proposer):
         token = ctx.tokens[-1:]
         states, tokens, qs, scores = [], [token], [], []
         stop, stops = False, self.min_prob > 0 and (self._on_cpu if self.early_stop is None else self.early_stop)
+        scored = ctx.scored or stops  # a greedy chain's probabilities: for tree="auto" and the early stop only
         for i in range(depth + 1):
             last = i == depth or stop  # the last token runs for its state only
             state, logits = yield EarlyStep(self, token, start + i, logits=not last)  # [1, H], [V'] | None
@@ -130,20 +131,21 @@ class LayerSkipProposer(Proposer):
             logits = logits.float()
             if ctx.sampling is None:
                 choice = vocab_reduce.argmax(logits)[None]
-                chosen = logits.softmax(-1)[choice]
+                chosen = logits.softmax(-1)[choice] if scored else None
             else:
                 q = probs(logits, ctx.sampling)  # [V'] the distribution the next token is drawn from
                 choice = torch.multinomial(q, 1, generator=ctx.generator)
                 chosen = q[choice]
                 qs.append(self.head.widen(q))
-            scores.append(chosen)
+            if chosen is not None:
+                scores.append(chosen)
             stop = stops and float(chosen) < self.min_prob  # one read a step (a CPU's is free)
             token = self.head.to_target_ids(choice)  # [1]
             tokens.append(token)
         draft_tokens = torch.cat(tokens)  # [depth + 1]
         q = dict(enumerate(qs)) if qs else None  # node i's child was drawn from q[i] [V]
         # tree="auto" reads the scores of greedy drafts only (sampled ones are judged before the draw)
-        score = torch.cat([scores[0].new_ones(1), torch.cat(scores).cumprod(0)])  # [n]
+        score = torch.cat([scores[0].new_ones(1), torch.cat(scores).cumprod(0)]) if scores else None  # [n]
         return Draft(chain(len(tokens) - 1), draft_tokens, q=q, scores=score, states=torch.cat(states))
 
 

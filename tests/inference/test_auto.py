@@ -4,6 +4,7 @@ plain step; the output stays exactly the target's (greedy and sampled), for ever
 import pytest
 import torch
 
+from headway.heads.layerskip import LayerSkipHead
 from headway.inference import DraftModelProposer, PromptLookup, SpeculativeGenerator, SuffixDecoding
 from headway.inference import cost_curve as cc
 from headway.inference.auto import BINS, DECAY, PLAIN_EVERY, PRIOR_WEIGHT, AutoTree, prune
@@ -49,10 +50,11 @@ def test_auto_greedy_equals_generate_for_every_drafter_kind(models, kind):
 
 
 @pytest.mark.parametrize("kind,tree", [("medusa", [[0], [1], [0, 0]]), ("draft-model", "tree-7"), ("draft-model", "chain-3"),
-                                       ("eagle3", "tree-7"), ("eagle3", "chain-3")])
+                                       ("eagle3", "tree-7"), ("eagle3", "chain-3"), ("layerskip", "chain-3")])
 def test_a_fixed_tree_skips_the_scores_only_auto_reads(models, kind, tree, monkeypatch):
     """Draft.scores are tree="auto"'s to read (and a hybrid's under it): with a fixed tree a model drafter computes
-    none (DraftContext.scored False: a softmax and a handful of gathers a level saved), under auto every drafted
+    none (DraftContext.scored False: a softmax and a handful of gathers a level saved; LayerSkip's without its early
+    stop, which reads each step's probability), under auto every drafted
     round carries them; the output is the target's either way."""
     target = models["target"]
     seen = []
@@ -62,7 +64,10 @@ def test_a_fixed_tree_skips_the_scores_only_auto_reads(models, kind, tree, monke
     for fixed in (tree, "auto"):
         seen.clear()
         curve = made_up_curve(0.01) if fixed == "auto" else None
-        gen = SpeculativeGenerator(target, drafters(models)[kind], tree=fixed, cost_curve=curve)
+        drafter = LayerSkipHead.from_target(target, exit_layer=1) if kind == "layerskip" else drafters(models)[kind]
+        gen = SpeculativeGenerator(target, drafter, tree=fixed, cost_curve=curve)
+        if kind == "layerskip":  # (a CPU's early stop reads each step's probability: CUDA's default has none)
+            gen.drafter.early_stop = False
         ids = torch.tensor([LONG_PROMPT])
         out = gen.generate(ids, max_new_tokens=16)
         assert torch.equal(out.sequences, reference_generate(target, ids, 16, eos_token_id=None)), fixed
