@@ -31,6 +31,7 @@ from headway.heads.eagle import EagleConfig, Fp32Rope, target_layer_fields
 from headway.heads.eagle_layer import DraftCache, _expand_kv
 from headway.heads.peagle import default_mask_token
 from headway.heads.target.features import check_depth, final_norm, num_layers
+from headway.heads.values import check_token_id
 
 DEFAULT_BLOCK_SIZE = 8  # B: the anchor and 7 mask slots (speculators' default; z-lab ships 10 and 16)
 
@@ -53,8 +54,10 @@ class DFlashConfig(EagleConfig):
         if self.block_size < 2:
             raise ValueError(f"DFlash block_size must be >= 2 (the anchor and at least one mask slot), got "
                              f"{self.block_size}")
-        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"mask_token_id must be a token id in 0..{self.vocab_size - 1}, got {self.mask_token_id}")
+        # (its upper bound is the target's vocabulary, checked where the drafter meets it: a run config's sizes are
+        # placeholders until the target loads, so a Llama 3 token id must not be refused against SmolLM2's 49,152)
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise ValueError(f"mask_token_id must be a token id (0 or more), got {self.mask_token_id}")
 
 
 def _rms_norm(width: int, eps: float) -> nn.Module:
@@ -182,9 +185,11 @@ class DFlashHead(Fp32Rope, DraftVocabulary, Drafter):
         check_target_compatible(self.config, target_model.config)
         check_depth(target_model, self.config.num_target_layers,
                     f"this DFlash drafter (features {self.config.feature_layers}) was built for")
+        check_token_id("mask_token_id", self.config.mask_token_id, self.config.vocab_size)  # the target's, as agreed
 
     def validate(self) -> None:
         self.check_draft_vocab()
+        check_token_id("mask_token_id", self.config.mask_token_id, self.config.vocab_size)
 
     def bind_target(self, target_model) -> "DFlashHead":
         """Check shapes against the target and bind its frozen embedding and lm_head (its draft vocabulary's rows)."""

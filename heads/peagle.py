@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from headway.heads.eagle import EagleConfig, Eagle3Head
+from headway.heads.values import check_token_id
 
 DEFAULT_PARALLEL_DEPTHS = 4  # tokens per drafter pass (speculators' and SpecForge's examples: 4-5)
 
@@ -56,8 +57,10 @@ class PEagleConfig(EagleConfig):
         if self.parallel_depths < 2:
             raise ValueError(f"parallel_depths must be >= 2 (the root's prediction and at least one slot), "
                              f"got {self.parallel_depths}")
-        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"mask_token_id must be a token id in 0..{self.vocab_size - 1}, got {self.mask_token_id}")
+        # (its upper bound is the target's vocabulary, checked where the drafter meets it: a run config's sizes are
+        # placeholders until the target loads, so a Llama 3 token id must not be refused against SmolLM2's 49,152)
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise ValueError(f"mask_token_id must be a token id (0 or more), got {self.mask_token_id}")
 
 
 class PEagleHead(Eagle3Head):
@@ -70,6 +73,14 @@ class PEagleHead(Eagle3Head):
             raise ValueError(f"PEagleHead takes a PEagleConfig, got {type(config).__name__}")
         super().__init__(config)
         self.mask_hidden = nn.Parameter(torch.randn(config.feature_width) * 0.02)
+
+    def check_target(self, target_model) -> None:
+        super().check_target(target_model)  # the vocabularies agree: the mask token is the target's
+        check_token_id("mask_token_id", self.config.mask_token_id, self.config.vocab_size)
+
+    def validate(self) -> None:
+        super().validate()
+        check_token_id("mask_token_id", self.config.mask_token_id, self.config.vocab_size)
 
     @classmethod
     def from_target(cls, target_model, version: int | None = None, config: EagleConfig | None = None,

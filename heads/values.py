@@ -24,6 +24,12 @@ def parse_bool(value: Any, key: str) -> bool:
     raise ConfigError(f"{key}: expected true/false, got {value!r}")
 
 
+def check_token_id(name: str, value: int | None, vocab_size: int) -> None:
+    """A one-line ValueError unless ``value`` (None: unset) is a token id of a ``vocab_size``-token vocabulary."""
+    if value is not None and not 0 <= value < vocab_size:
+        raise ValueError(f"{name} must be a token id in 0..{vocab_size - 1}, got {value}")
+
+
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """An exception's message for a one-line error: its first line (at most ``limit`` characters), or its type's
     name where the message is empty (torch's EOFError on an empty file has none)."""

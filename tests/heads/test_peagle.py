@@ -20,8 +20,9 @@ def test_config_checks():
         PEagleConfig(**base, version=1, feature_layers=[4])
     with pytest.raises(ValueError, match="ignores fc_norm for peagle"):
         PEagleConfig(**base, normalize_features=True)
-    with pytest.raises(ValueError, match="mask_token_id must be a token id in 0..99"):
-        PEagleConfig(**base, mask_token_id=100)
+    with pytest.raises(ValueError, match=r"mask_token_id must be a token id \(0 or more\)"):
+        PEagleConfig(**base, mask_token_id=-1)
+    assert PEagleConfig(**base, mask_token_id=100).mask_token_id == 100  # the target's vocabulary bounds it (bind, load)
     assert PEagleConfig(**base, num_layers=4).num_layers == 4
     for bad in (0, True, 1.5):
         with pytest.raises(ValueError, match="num_layers must be an integer >= 1"):
@@ -85,3 +86,29 @@ def test_the_slots_input_is_computed_once_per_version_of_its_weights():
         torch.testing.assert_close(made.slot_inputs(1, torch.device("cpu"))[1], made.slot_hidden()[None])
     hidden = head.slot_inputs(2, torch.device("cpu"))[1]
     assert hidden.requires_grad and hidden.grad_fn is not None  # training: through fc and mask_hidden
+
+
+@pytest.mark.parametrize("kind", ["peagle", "dflash"])
+def test_the_mask_token_is_checked_against_the_targets_vocabulary(tmp_path, kind):
+    """A run config's sizes are placeholders until the target loads, so a mask token past the default vocabulary
+    (SmolLM2's 49,152; Llama 3's reserved ids are 128,002 and up) parses; it is refused in one line where the drafter
+    meets a target without that token, and where a saved config holds one outside its own vocabulary."""
+    import json
+
+    from headway.heads.dflash import DFlashHead
+    from headway.train.dflash import parse_args as dflash_args
+    from headway.train.peagle import parse_args as peagle_args
+
+    parse, cls = {"peagle": (peagle_args, PEagleHead), "dflash": (dflash_args, DFlashHead)}[kind]
+    assert getattr(parse(["--config", f"{kind}/tiny", f"{kind}.mask_token_id=128002"]), kind).mask_token_id == 128002
+    with pytest.raises(ValueError, match=r"mask_token_id must be a token id \(0 or more\), got -1"):
+        parse(["--config", f"{kind}/tiny", f"{kind}.mask_token_id=-1"])
+    target, _ = build_tiny_target("llama")
+    v = target.config.vocab_size
+    with pytest.raises(ValueError, match=f"mask_token_id must be a token id in 0..{v - 1}, got {v}"):
+        cls.from_target(target, mask_token_id=v)
+    cls.from_target(target, mask_token_id=v - 1).save_pretrained(tmp_path / kind)
+    config = json.loads((tmp_path / kind / "config.json").read_text())
+    (tmp_path / kind / "config.json").write_text(json.dumps({**config, "mask_token_id": v}))
+    with pytest.raises(ValueError, match=f"mask_token_id must be a token id in 0..{v - 1}, got {v}"):
+        load_drafter(tmp_path / kind)
