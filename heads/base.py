@@ -165,15 +165,16 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def read_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """The tensor shapes in ``path``, from its safetensors header alone (``read_weights``'s one-line errors)."""
+    """The tensor shapes in the safetensors file ``path``, from its header alone; a one-line ValueError when it is
+    missing or cannot be read (``read_weights``'s messages)."""
     from safetensors import safe_open
 
     if not path.is_file():
-        raise ValueError(f"{path.parent} has no {WEIGHTS_NAME}; headway reads safetensors weights only")
+        raise ValueError(f"{path.parent} has no {path.name}; headway reads safetensors weights only")
     try:
         with safe_open(str(path), "pt") as f:
             return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
-    except (SafetensorError, OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 -- safetensors raises its own error types for a cut or garbled header
         raise ValueError(f"{path} is corrupt or truncated ({first_line(exc)}); re-export or re-download it") from None
 
 

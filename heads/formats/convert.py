@@ -27,10 +27,10 @@ from typing import Callable
 
 import torch
 
-from headway.heads.base import CONFIG_NAME, Drafter, built_from_config, load_drafter, read_json
+from headway.heads.base import CONFIG_NAME, Drafter, built_from_config, load_drafter, read_json, read_shapes
 from headway.heads.dflash import DFlashHead
 from headway.heads.formats import dflash, eagle, medusa
-from headway.heads.formats.folder import check_output_folder, file_keys, write_folder
+from headway.heads.formats.folder import check_output_folder, write_folder
 from headway.heads.registry import kind_of, kinds
 from headway.heads.values import first_line
 
@@ -106,7 +106,7 @@ def detect_format(path) -> str:
         if found is not None:
             return found
     for weights in sorted(folder.glob("*.safetensors")):  # a layout may go unrecognised for its unreadable weights
-        file_keys(weights)
+        read_shapes(weights)
     found = {k: config.get(k) for k in ("architectures", "model_type") if k in config} if isinstance(config, dict) \
         else type(config).__name__
     raise ValueError(f"{folder} is not a drafter checkpoint headway reads (found config {found}, files "

@@ -10,9 +10,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, read_json
+from headway.heads.base import CONFIG_NAME, WEIGHTS_NAME, read_json, read_shapes
 from headway.heads.files import RUN_CONFIG_NAME, atomic_folder, file_on_path
-from headway.heads.values import first_line
 
 
 def check_output_folder(out_dir, overwrite: bool) -> None:
@@ -71,23 +70,8 @@ def read_config(folder: Path, what: str) -> dict:
 
 
 def read_keys(folder: Path) -> set[str]:
-    """The tensor names in ``folder``'s model.safetensors, read from its header only."""
-    path = folder / WEIGHTS_NAME
-    if not path.is_file():
-        raise ValueError(f"{folder} has no {WEIGHTS_NAME}; headway reads safetensors weights only")
-    return file_keys(path)
-
-
-def file_keys(path: Path) -> set[str]:
-    """The tensor names in the safetensors file ``path``, from its header only; a one-line ValueError when it cannot
-    be read."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            return set(f.keys())
-    except Exception as exc:  # safetensors raises its own error types for truncated headers
-        raise ValueError(f"{path} is corrupt or truncated ({first_line(exc)})") from None
+    """The tensor names in ``folder``'s model.safetensors, read from its header only (``read_shapes``)."""
+    return set(read_shapes(folder / WEIGHTS_NAME))
 
 
 def headway_block(config: dict, path: Path) -> dict:
