@@ -52,7 +52,8 @@ def setup_run(model: str, features: str, data: DataConfig, train: TrainConfig,
     with whole_weights(acc):
         target, tokenizer = load_target(model, device=acc.device)
     freeze(target)
-    check_context(data.max_length, target.config)
+    if early is None:  # its config could not be read alone: checked now
+        check_context(data.max_length, target.config)
     set_seed(train.seed)  # the drafter built next initialises from train.seed
     if features == "online":
         with acc.main_process_first():
@@ -72,7 +73,7 @@ def target_config(model: str):
         from transformers import AutoConfig
 
         return AutoConfig.from_pretrained(resolve_model_path(model))
-    except Exception:  # noqa: BLE001 -- never a new failure: the check runs again after the load
+    except Exception:  # noqa: BLE001 -- never a new failure: the check then runs after the load
         return None
 
 
