@@ -59,8 +59,7 @@ class PEagleConfig(EagleConfig):
                              f"got {self.parallel_depths}")
         # (its upper bound is the target's vocabulary, checked where the drafter meets it: a run config's sizes are
         # placeholders until the target loads, so a Llama 3 token id must not be refused against SmolLM2's 49,152)
-        if self.mask_token_id is not None and self.mask_token_id < 0:
-            raise ValueError(f"mask_token_id must be a token id (0 or more), got {self.mask_token_id}")
+        check_token_id("mask_token_id", self.mask_token_id, None)
 
 
 class PEagleHead(Eagle3Head):

@@ -24,9 +24,14 @@ def parse_bool(value: Any, key: str) -> bool:
     raise ConfigError(f"{key}: expected true/false, got {value!r}")
 
 
-def check_token_id(name: str, value: int | None, vocab_size: int) -> None:
-    """A one-line ValueError unless ``value`` (None: unset) is a token id of a ``vocab_size``-token vocabulary."""
-    if value is not None and not 0 <= value < vocab_size:
+def check_token_id(name: str, value: int | None, vocab_size: int | None) -> None:
+    """A one-line ValueError unless ``value`` (None: unset) is a token id of a ``vocab_size``-token vocabulary (None:
+    not known yet, any id >= 0)."""
+    if value is None:
+        return
+    if vocab_size is None and value < 0:
+        raise ValueError(f"{name} must be a token id (0 or more), got {value}")
+    if vocab_size is not None and not 0 <= value < vocab_size:
         raise ValueError(f"{name} must be a token id in 0..{vocab_size - 1}, got {value}")
 
 
