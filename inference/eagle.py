@@ -24,6 +24,7 @@ from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses,
                                         root_only, run_alone)
+from headway.inference import vocab_reduce
 from headway.inference.graphs import EagleStepGraphs, same_mode
 from headway.inference.expand import (DynamicTree, additive_mask, feed_block, grow_dynamic, grow_dynamic_tensors,
                                       grow_static, sees_all)
@@ -56,9 +57,11 @@ class EagleProposer(Proposer):
     verification (``grow_dynamic_tensors``; a batch's rows level by level in one head pass too); False takes the host
     version, which reads once per level and skips pruned rows (the same tree); None (the default) is True
     on CUDA, where a read is a sync, and False elsewhere: on a CPU a read costs nothing and the host
-    version's own work measured less (scripts/runtime_probe.py, BENCHMARKS.md)."""
+    version's own work measured less (scripts/runtime_probe.py, BENCHMARKS.md). ``chain_path``: a greedy chain
+    whose scores nobody reads is drafted by ``_grow_chain`` (no tree bookkeeping); False: as any static tree."""
 
     tensor_rounds: bool | None = None
+    chain_path: bool = True
 
     def __init__(self, head: EagleHead):
         self.head = head.eval()
@@ -179,6 +182,10 @@ class EagleProposer(Proposer):
             draft = yield from self._grow_tensors(tree, ctx, root_h, root_logits)
             self._cache.crop(self._seen)
             return draft
+        if self.chain_path and isinstance(tree, Tree) and tree.is_chain and ctx.sampling is None and not ctx.scored:
+            draft = yield from self._grow_chain(tree, ctx, root_h, root_logits)
+            self._cache.crop(self._seen)
+            return draft
         if isinstance(tree, DynamicTree):
             growth = grow_dynamic(tree, ctx.max_depth, ctx.root_token, root_logits, head.to_target_ids)
         else:
@@ -213,6 +220,23 @@ class EagleProposer(Proposer):
                 step = growth.send(logits)
         except StopIteration as done:
             return done.value
+
+    def _grow_chain(self, tree: Tree, ctx: DraftContext, root_h: torch.Tensor, root_logits: torch.Tensor):
+        """A greedy chain whose scores nobody reads: each level the argmax after the last, fed with the output that
+        scored it. ``grow_static``'s draft for a chain without its per-level gathers (the token picked is the next
+        level's whole feed), its tokens gathered once at the end."""
+        head, device, depth = self.head, self._device, tree.size - 1
+        length = ctx.tokens.shape[0]
+        positions = torch.arange(length - 1, length - 2 + depth, device=device)  # [D - 1]: levels 1 .. D-1 fed
+        logits, out, picked = root_logits[None], root_h[None], []  # [1, V'], [1, H]
+        for d in range(1, depth + 1):
+            token = head.to_target_ids(vocab_reduce.argmax(logits))  # [1]
+            picked.append(token)
+            if d < depth:  # seeing the context and the d - 1 levels before it: no mask
+                blocked = tree.cached(("chain_block", d, device), lambda: torch.zeros(1, d, dtype=torch.bool,
+                                                                                        device=device))
+                out, logits = yield Feed(self, token, positions[d - 1:d], out, blocked, open=True)
+        return Draft(tree, torch.cat([ctx.tokens[-1:], *picked]))
 
     def _level_graphed(self, tokens, hidden, positions, blocked):
         """A single-row tree level through the captured step (``EagleStepGraphs.level``); None: run it eagerly."""

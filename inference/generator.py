@@ -225,7 +225,7 @@ class SpeculativeGenerator:
             kept = int(mask[0].sum())
             padding, ids = ids[:, :ids.shape[1] - kept], ids[:, ids.shape[1] - kept:]  # (left padding only)
         prompt = check_generation(self.target.config, ids, max_new_tokens, temperature, top_k, top_p)
-        device = self.device  # once: the property walks the target's parameters
+        device, dtype = self.device, self.target.dtype  # once: each property walks the target's parameters
         prompt = prompt.to(device)
         max_new_tokens = fit_context(self.target.config, prompt.shape[0], max_new_tokens, stacklevel=3)
         sampling = SamplingParams(temperature, top_k, top_p) if temperature > 0 else None
@@ -261,6 +261,8 @@ class SpeculativeGenerator:
             drafter.use_cache(cache)  # LayerSkip drafts with the target's own early layers, into this cache
             seq = torch.empty(length + max_new_tokens, dtype=torch.long, device=device)  # prompt + new tokens
             seq[:length] = prompt
+            # a CPU's rounds write their tokens through numpy: a host list into a tensor costs a tensor and a copy
+            written = seq.numpy() if device.type == "cpu" else None
             host = prompt.tolist()  # the same tokens on the host, extended by each round's one read
             features = None  # [n, F] features of the positions made since the drafter last saw any
             # no prefill of its own: the first round's pass runs the prompt (but the root) before its tree,
@@ -313,7 +315,8 @@ class SpeculativeGenerator:
                 else:  # tree="auto": its cheapest width at least as wide (a plain step too, where padding pays)
                     run = auto.pass_width(draft.tree, length - 1) if auto is not None and pending is None else None
                     logits, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,
-                                                 pad_to=pad_to, max_positions=context, pending=pending, width=run)
+                                                 pad_to=pad_to, max_positions=context, pending=pending, width=run,
+                                                 dtype=dtype)
                 sync_verify()
                 t2 = time.perf_counter()
                 if processors:  # each node scored as generate would score it after its own context
@@ -338,7 +341,10 @@ class SpeculativeGenerator:
                     auto.observe(draft, path, length, drafted, t2 - t1 if timed else 0.0, width)
                     stats.time_control += time.perf_counter() - tc
                 new, hit = cut_round(new, budget, eos)
-                seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=device)
+                if written is not None:
+                    written[length:length + len(new)] = new
+                else:
+                    seq[length:length + len(new)] = torch.tensor(new, dtype=torch.long, device=device)
                 host += new
                 length += len(new)
                 stats.new_tokens += len(new)
@@ -434,6 +440,9 @@ class SpeculativeGenerator:
         tokens) from the round's one read where the verification reads once."""
         tree = draft.tree
         tail = [] if observer is None else [vocab_reduce.argmax(logits)]  # [N]: the target's choice after each node
+        if sampling is None and tree.is_chain:  # the round's one read: the target's choice at each node, the tokens
+            choices = tail[0] if tail else vocab_reduce.argmax(logits)  # [N]
+            return self.chain_result(torch.cat([choices, draft.tokens]).tolist(), observer, draft)
         if sampling is None:  # on the device; the round's one read: the leaf, the bonus token and the draft's tokens
             leaf, bonus = verify_greedy_logits(tree, draft.tokens, logits)
             return self.greedy_result(tree, greedy_read(draft, torch.stack([leaf, bonus]), tail).tolist(), observer,
@@ -453,6 +462,21 @@ class SpeculativeGenerator:
         else:
             path, nxt = verify_sampling(tree.children, tokens, LazyProbs(logits, sampling), draft.q, generator)
         return path, [tokens[i] for i in path[1:]] + [nxt]
+
+    @staticmethod
+    def chain_result(read: list[int], observer: Proposer | None, draft: Draft) -> tuple[list[int], list[int]]:
+        """A greedy chain's round from its one read: [*the target's choice after each of its N nodes, *its N tokens]
+        -> (the accepted path, the new tokens). Node i is accepted while every token up to it is the choice after the
+        node before it (the device form, ``verify_greedy_tensors``, takes nine ops for what this loop does on N
+        ints)."""
+        n = len(read) // 2
+        choices, tokens = read[:n], read[n:]
+        if observer is not None:
+            observer.observe_outputs(draft, choices, tokens)
+        k = 1  # nodes accepted (the root always)
+        while k < n and tokens[k] == choices[k - 1]:
+            k += 1
+        return list(range(k)), tokens[1:k] + [choices[k - 1]]
 
     @staticmethod
     def greedy_result(tree: Tree, read: list[int], observer: Proposer | None = None,

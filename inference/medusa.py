@@ -31,6 +31,7 @@ class MedusaProposer(Proposer):
         self.heads = heads.eval()
         self._default: Tree | None = None
         self.feature_layers = None  # [L] (the target's final-norm output), set by bind
+        self._dtype = next(heads.parameters()).dtype  # the target's once bound
 
     @property
     def num_heads(self) -> int:
@@ -40,7 +41,8 @@ class MedusaProposer(Proposer):
         """Check sizes, then move the heads to the target's device and dtype once (a shared lm_head
         is then used as it is, never copied per call)."""
         self.heads.check_target(target_model)  # ValueError naming both sizes on a hidden/vocab mismatch
-        self.heads.to(device=next(target_model.parameters()).device, dtype=target_model.dtype)
+        self._dtype = target_model.dtype  # the heads' from here on (a round reads it here, not from a parameter walk)
+        self.heads.to(device=next(target_model.parameters()).device, dtype=self._dtype)
         self.heads.bind_target(target_model)
         self.feature_layers = [num_layers(target_model)]
 
@@ -62,10 +64,11 @@ class MedusaProposer(Proposer):
         if ctx.features is None or ctx.features.shape[0] == 0 or tree.size == 1:
             return root_only(ctx)
         depth, k = tree.depth, tree.top_k
-        dtype = next(self.heads.parameters()).dtype
-        hidden = ctx.features[-1].to(dtype)  # [H]: the final-norm state that predicted the root
+        hidden = ctx.features[-1].to(self._dtype)  # [H]: the final-norm state that predicted the root
         logits = yield HeadLogits(self.heads, hidden, depth)  # [D, V]
-        best = vocab_reduce.topk(logits.float().softmax(-1), k)  # [D, k]: each head's k most likely tokens
+        # [D, k]: each head's k most likely tokens; their probabilities only where a score is read (softmax keeps
+        # the logits' order: only which of two near-equal logits ranks first may differ, a draft's choice either way)
+        best = vocab_reduce.topk(logits.float().softmax(-1) if ctx.scored else logits, k)
         top = self.heads.to_target_ids(best.indices.reshape(-1))  # [D * k] target ids
         index = _flat_index(tree, k, top.device)  # [N - 1]
         tokens = torch.cat([ctx.tokens[-1:], top[index]])  # [N]
@@ -85,7 +88,7 @@ class MedusaProposer(Proposer):
         m = min(rows, n)
         if m < 1:
             return None
-        hidden = ctx.features[-m - 1:-1].to(next(self.heads.parameters()).dtype)  # [m, H]: positions L-2-m .. L-3
+        hidden = ctx.features[-m - 1:-1].to(self._dtype)  # [m, H]: positions L-2-m .. L-3
         return first_guesses(head_rows(self.heads, hidden, 0), self.heads.to_target_ids, ctx.tokens[-m:])
 
 

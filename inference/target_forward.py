@@ -55,7 +55,8 @@ def verify_width(n: int, pad_to: int) -> int:
 
 
 def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int, *, pad_to: int = 1,
-                 max_positions: int | None = None, pending: torch.Tensor | None = None, width: int | None = None):
+                 max_positions: int | None = None, pending: torch.Tensor | None = None, width: int | None = None,
+                 dtype: torch.dtype | None = None):
     """Run ``model`` over the tree's nodes appended to a prefix of ``prefix_len`` tokens.
 
     tokens: [N] long (node 0 first) on the model's device. The cache holds the prefix, or, for a
@@ -64,7 +65,8 @@ def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int
     costs more than a prefill of its own). The cache grows by M + the padded width W (``width`` when given,
     >= N: tree="auto"'s cheapest, headway.inference.auto; else ``verify_width(N, pad_to)``); the
     caller compacts the tree's part. ``max_positions``: the model's context (absolute position
-    embeddings): a chain is not padded past it. Returns (logits [N, V], W). (Drafters' features come
+    embeddings): a chain is not padded past it. ``dtype``: the model's (None: read from its parameters, a walk
+    a caller running many passes makes once). Returns (logits [N, V], W). (Drafters' features come
     from the generator's forward hooks, at the layers each drafter asks for.)
     """
     n, m = tokens.shape[0], 0 if pending is None else pending.shape[0]
@@ -85,7 +87,7 @@ def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int
         positions = torch.arange(start, prefix_len + width, device=device)
         full = None
     else:
-        dtype = model.dtype  # (a walk over the parameters: only where a mask is built)
+        dtype = model.dtype if dtype is None else dtype  # (a walk over the parameters: only where a mask is built)
         mask, depths = padded_tree_tensors(tree, width, device, dtype)  # [W, W], [W]
         positions = depths + prefix_len
         full = torch.zeros((1, 1, width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all

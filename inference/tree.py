@@ -225,12 +225,12 @@ class Tree:
         return self.cached(("additive", device, dtype), build)
 
     def greedy_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(ancestor mask [N, N] bool, parents [N] long with the root's own 0, depths [N] long) on
-        ``device`` for ``verify_greedy_tensors``, memoised."""
+        """(non-root ancestors [N, N] float: 1 where column j > 0 is row i's ancestor or itself; parents [N] long with
+        the root's own 0; depths [N] float) on ``device`` for ``verify_greedy_tensors``, memoised."""
         def build():
             parents = torch.tensor([0] + self.parents[1:], dtype=torch.long)
-            return (self.mask.to(device), parents.to(device),
-                    torch.tensor(self.depths, dtype=torch.long, device=device))
+            return (greedy_ancestors(self.mask).to(device), parents.to(device),
+                    torch.tensor(self.depths, dtype=torch.float32, device=device))
 
         return self.cached(("greedy", device), build)
 
@@ -260,6 +260,13 @@ class Tree:
             return table.to(device), self.depth
 
         return self.cached(("sampling", device), build)
+
+
+def greedy_ancestors(mask: torch.Tensor) -> torch.Tensor:
+    """An ancestor-or-self mask [N, N] bool -> float without the root's column (``verify.greedy_leaf``'s operand)."""
+    out = mask.float()
+    out[:, 0] = 0.0
+    return out
 
 
 class DeviceTree(Tree):
@@ -324,7 +331,8 @@ class DeviceTree(Tree):
     def greedy_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         def build():
             parents, depths, ancestors = self._tensors
-            return ancestors.to(device), parents.clamp(min=0).to(device), depths.to(device)
+            return (greedy_ancestors(ancestors).to(device), parents.clamp(min=0).to(device),
+                    depths.to(device, torch.float32))
 
         return self.cached(("greedy", device), build)
 

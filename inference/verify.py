@@ -144,13 +144,12 @@ def verify_greedy_tensors(ancestors: torch.Tensor, parents: torch.Tensor, depths
                           argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``verify_greedy`` as tensor ops on the device, with no read: (the accepted leaf [], bonus token []).
 
-    ancestors: [N, N] bool ancestor-or-self mask; parents: [N] long (the root's own index 0 in
-    place of -1); depths: [N] long; tokens, argmax: [N] long. A node is accepted when every node
-    on its root-to-node path holds the token the target's argmax chose at that node's parent; the
-    deepest accepted node is the leaf (the first in node order on a tie, which only duplicate
-    siblings can make: there ``verify_greedy`` keeps the first matching child even when another
-    reaches deeper; both paths carry the target's own greedy tokens). The path is the leaf's
-    ancestors (``node_path`` on the host tree).
+    ancestors: [N, N] float, 1 where column j is a non-root ancestor-or-self of row i (``Tree.greedy_tensors``);
+    parents: [N] long (the root's own index 0 in place of -1); depths: [N] float; tokens, argmax: [N] long. A node
+    is accepted when every node on its root-to-node path holds the token the target's argmax chose at that node's
+    parent; the deepest accepted node is the leaf (the first in node order on a tie, which only duplicate siblings
+    can make: there ``verify_greedy`` keeps the first matching child even when another reaches deeper; both paths
+    carry the target's own greedy tokens). The path is the leaf's ancestors (``node_path`` on the host tree).
     """
     leaf = greedy_leaf(ancestors, parents, depths, tokens, argmax)
     return leaf, argmax[leaf]
@@ -159,11 +158,14 @@ def verify_greedy_tensors(ancestors: torch.Tensor, parents: torch.Tensor, depths
 def greedy_leaf(ancestors: torch.Tensor, parent_rows: torch.Tensor, depths: torch.Tensor, tokens: torch.Tensor,
                 choices: torch.Tensor) -> torch.Tensor:
     """The accepted leaf [] of ``verify_greedy_tensors``, the target's choice after node i's parent being
-    ``choices[parent_rows[i]]`` (choices: [R] long, one per row of the target's logits it was taken from)."""
-    match = tokens == choices[parent_rows]  # [N] node i's token is what the target chose after its parent
-    match[0] = True  # the root is always accepted
-    ok = ~(ancestors & ~match).any(-1)  # [N] every node on the path matches
-    return torch.where(ok, depths, -1).argmax()  # the deepest, the first on a tie
+    ``choices[parent_rows[i]]`` (choices: [R] long, one per row of the target's logits it was taken from).
+
+    Node i's depth less N for each mismatch on its path (its non-root ancestors' row of ``ancestors`` times the
+    mismatches, one ``addmv``): negative unless every node on the path matches, so the argmax is the deepest
+    accepted node, the first on a tie (the root's 0 at least). Five ops where a boolean form takes nine; exact in
+    float32 while N * N < 2 ** 24."""
+    mismatch = (tokens != choices[parent_rows]).to(depths.dtype)  # [N] (the root's row of ancestors is all 0)
+    return torch.addmv(depths, ancestors, mismatch, alpha=-float(tokens.shape[0])).argmax()
 
 
 def verify_greedy_logits(tree, tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

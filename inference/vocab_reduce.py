@@ -31,7 +31,7 @@ TOPK_MIN = 98_304  # 6 x 16,384: chunks 171 us, topk 213; 4 x 16,384: topk 135-1
 
 
 def _chunked(x: torch.Tensor, k: int = 1) -> bool:
-    if x.dim() == 0 or x.device.type != "cpu" or x.numel() < (ARGMAX_MIN if k == 1 else TOPK_MIN):
+    if not x.is_cpu or x.numel() < (ARGMAX_MIN if k == 1 else TOPK_MIN) or x.dim() == 0:
         return False
     # a row read with a stride (a transposed product's) defeats amax's vectorization:
     # measured 3x slower chunked than torch's call on it, and a copy to contiguous costs what the chunks save
@@ -42,7 +42,7 @@ def _chunked(x: torch.Tensor, k: int = 1) -> bool:
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(-1)``: x [..., V] -> [...] long, the first maximal index."""
     if not _chunked(x):
-        return x.max(-1).indices if x.dim() and x.device.type == "cpu" else x.argmax(-1)  # the same index
+        return x.max(-1).indices if x.is_cpu and x.dim() else x.argmax(-1)  # the same index
     blocks = x.unflatten(-1, (x.shape[-1] // CHUNK, CHUNK))  # [..., n, C]
     best = blocks.amax(-1).argmax(-1, keepdim=True)  # [..., 1]: the first chunk holding the maximum
     inner = blocks.gather(-2, best.unsqueeze(-1).expand(*best.shape, CHUNK)).argmax(-1)  # [..., 1]

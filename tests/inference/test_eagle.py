@@ -171,7 +171,8 @@ def test_rows_drafted_together_equal_each_row_drafted_alone(family, eagle, tree,
 @pytest.mark.parametrize("tree", ["chain-4", "tree-15"])
 def test_levels_that_see_the_whole_cache_run_unmasked_and_draft_the_same(family, eagle, tree, monkeypatch):
     """A chain's levels (one node seeing every fed node) run with no attention mask; every round's draft (tokens,
-    scores) equals the one drafted with each level's mask built, and a tree's levels keep theirs."""
+    scores) equals the one drafted with each level's mask built through the static tree's expansion (a greedy
+    chain's own path, ``_grow_chain``, off), and a tree's levels keep theirs."""
     import headway.inference.eagle as runtime
 
     def drafts(masked: bool) -> tuple[list, int]:
@@ -180,6 +181,7 @@ def test_levels_that_see_the_whole_cache_run_unmasked_and_draft_the_same(family,
         built, additive_mask = [], runtime.additive_mask
         monkeypatch.setattr(runtime, "additive_mask", lambda *a: built.append(1) or additive_mask(*a))
         proposer, seen = EagleProposer(eagle[3]), []
+        proposer.chain_path = not masked
         propose = proposer.propose
 
         def spy(ctx):
