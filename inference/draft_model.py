@@ -66,6 +66,7 @@ class DraftModelProposer(Proposer):
         self._rows: tuple[ChainRows, int] | None = None  # a batch's row this round: the batch's draft cache, its row
         self._context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self._vocab: tuple[int, int] | None = None  # (real vocabulary, target's vocab_size) when the draft's logits need fitting
+        self._dtype = model.dtype  # its masks' (a round reads it here, not from a walk over its parameters)
 
     def bind(self, target_model) -> None:
         target_vocab, draft_vocab = vocab_size(target_model), vocab_size(self.model)
@@ -92,6 +93,7 @@ class DraftModelProposer(Proposer):
                 self.model.to(device)
         elif param.device != device or (param.is_floating_point() and param.dtype != dtype):
             self.model.to(device=device, dtype=dtype)
+        self._dtype = self.model.dtype
 
     def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., V_draft] -> [..., V_target]: ids past the shared vocabulary get -inf (identity when none)."""
@@ -212,10 +214,9 @@ class DraftModelProposer(Proposer):
     def _feed(self, length: int, device: torch.device):
         """The model run for the shared expansion: nodes after the cached context and the nodes fed."""
         def feed(exp: Expansion, nodes: list[int]) -> torch.Tensor:
-            dtype = self.model.dtype
-            mask = feed_mask(exp, nodes, length, dtype, device)  # [1, 1, R, length + F + R]
+            mask = feed_mask(exp, nodes, length, self._dtype, device)  # [1, 1, R, length + F + R]
             ids = exp.token_ids(nodes, device)[None]
-            positions = exp.node_depths(nodes, device)[None] + (length - 1)
+            positions = exp.positions(nodes, length - 1, device)[None]
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self._cache,
                              use_cache=True)
             return self.fit_vocab(out.logits[0])  # [R, V]
@@ -286,7 +287,7 @@ class ChainRows:
             self.tokens[row] = token[0]
         self.steps += 1
         seen = torch.cat([self.valid, self.chain], 1)  # [B, S + C]: a chain step sees the context and its chain
-        mask = step_mask(seen, 1, self.proposer.model.dtype)  # [B, 1, 1, S + C + 1]
+        mask = step_mask(seen, 1, self.proposer._dtype)  # [B, 1, 1, S + C + 1]
         out = self.proposer.model(input_ids=self.tokens[:, None], position_ids=(self.starts + self.steps)[:, None],
                                   attention_mask=mask, cache=self.cache, use_cache=True)
         self.chain = torch.cat([self.chain, self.chain.new_ones(self.chain.shape[0], 1)], 1)
@@ -347,7 +348,7 @@ class ChainRows:
         the accepted tokens into the columns the target filled, the new root into the last."""
         b, s = self.valid.shape
         k = max(map(len, news))
-        device, dtype = self.valid.device, self.proposer.model.dtype
+        device, dtype = self.valid.device, self.proposer._dtype
         tokens = torch.tensor([new[:-1] + [new[-1]] * (k - len(new) + 1) for new in news], device=device)  # [B, K]
         positions = torch.tensor([list(range(n - len(new), n - 1)) + [n - 1] * (k - len(new) + 1)
                                   for new, n in zip(news, lengths)], device=device)  # [B, K]

@@ -195,7 +195,7 @@ class EagleProposer(Proposer):
         try:
             exp, nodes = next(growth)
             while True:
-                request = Feed(self, exp.token_ids(nodes, device), exp.node_depths(nodes, device) + (length - 2),
+                request = Feed(self, exp.token_ids(nodes, device), exp.positions(nodes, length - 2, device),
                                parent_outputs(outputs, [exp.parents[n] for n in nodes]), feed_block(exp, nodes, device),
                                sees_all(exp, nodes))
                 out, logits = yield request  # [R, H], [R, V']
@@ -247,10 +247,14 @@ class EagleProposer(Proposer):
 
 def parent_outputs(outputs: dict, parents: list[int]) -> torch.Tensor:
     """The outputs h' [R, H] of ``parents`` (``outputs``: node -> (a feed's outputs [R', H], its row)): one feed's
-    outputs as they are where the parents are its rows in order (a chain's level), else stacked row by row."""
+    outputs as they are where the parents are its rows in order (a chain's level), a slice or a gather of them where
+    they are some of its rows, else stacked row by row."""
     fed, found = outputs[parents[0]][0], [outputs[p] for p in parents]
-    if len(parents) == fed.shape[0] and all(out is fed and row == i for i, (out, row) in enumerate(found)):
-        return fed
+    if all(out is fed for out, _ in found):  # one feed's rows (every level of a static or dynamic tree): one op
+        rows = [row for _, row in found]
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            return fed if len(rows) == fed.shape[0] else fed[rows[0]:rows[0] + len(rows)]
+        return fed.index_select(0, torch.tensor(rows, device=fed.device))
     return torch.stack([out[row] for out, row in found])
 
 

@@ -88,6 +88,13 @@ class Expansion:
         """The depths of ``nodes`` [R] long on ``device``."""
         return self.long_tensor("depths", nodes, lambda: [self.depths[n] for n in nodes], device)
 
+    def positions(self, nodes: list[int], offset: int, device) -> torch.Tensor:
+        """The depths of ``nodes`` plus ``offset`` [R] long on ``device``: one op (a static tree's depths are built
+        once per level, a dynamic one's positions straight from the host)."""
+        if self.tree is None:
+            return torch.tensor([self.depths[n] + offset for n in nodes], dtype=torch.long, device=device)
+        return self.node_depths(nodes, device) + offset
+
     def long_tensor(self, key: str, nodes: list[int], values: Callable[[], list[int]], device) -> torch.Tensor:
         """``values()`` (one int per node of ``nodes``) as a long tensor on ``device``: built once per level of
         a static tree (no host-to-device copy in later rounds), else each call."""

@@ -311,7 +311,7 @@ class SpeculativeGenerator:
                     logits, width, graph_rows = graphed
                 elif draft.states is not None:  # the first layers ran while drafting (LayerSkip): the rest only
                     logits, width = resume_forward(self.target, cache, draft.tree, draft.states, length - 1,
-                                                   drafter.exit_layer)
+                                                   drafter.exit_layer, dtype)
                 else:  # tree="auto": its cheapest width at least as wide (a plain step too, where padding pays)
                     run = auto.pass_width(draft.tree, length - 1) if auto is not None and pending is None else None
                     logits, width = tree_forward(self.target, cache, draft.tree, draft.tokens, length - 1,

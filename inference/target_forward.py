@@ -9,7 +9,9 @@ position_ids, is silently wrong, so both are always built here.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import weakref
 
 import torch
 
@@ -115,11 +117,30 @@ def chain_forward(model, cache, tokens: torch.Tensor, prefix_len: int):
 
 # --- the target's layers in two parts (LayerSkip: headway.inference.layerskip) --------------------
 
+@functools.lru_cache(maxsize=None)
+def _cache_name(layer_type: type) -> str:
+    params = inspect.signature(layer_type.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def _cache_arg(layer) -> str:
     """The decoder layer's name for the cache argument (``cache`` since transformers 5.25, before it
-    ``past_key_values``)."""
-    params = inspect.signature(layer.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    ``past_key_values``): read from its class's signature once."""
+    return _cache_name(type(layer))
+
+
+_PARTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _layer_parts(model) -> tuple:
+    """(the decoder module, its layers as a list, their cache argument's name), looked up once per model: LayerSkip
+    runs its layers a few at a time, several times a round, where transformers' ``get_decoder`` and a ModuleList's
+    indexing cost more than the layer's own small ops."""
+    parts = _PARTS.get(model)
+    if parts is None:
+        blocks = decoder_layers(model)
+        parts = _PARTS[model] = (model.get_decoder(), list(blocks), _cache_arg(blocks[0]))
+    return parts
 
 
 def run_layers(model, cache, hidden: torch.Tensor, positions: torch.Tensor, layers: range,
@@ -127,10 +148,8 @@ def run_layers(model, cache, hidden: torch.Tensor, positions: torch.Tensor, laye
     """The target's decoder layers ``layers`` over ``hidden`` [B, n, H] at ``positions`` [B, n], appending
     their keys/values to ``cache``; mask: [B, 1, n, S] additive, or None for one token of one row (it sees
     the whole cache). Returns [B, n, H]."""
-    base = model.get_decoder()
-    blocks = decoder_layers(model)
+    base, blocks, name = _layer_parts(model)
     embeddings = base.rotary_emb(hidden, positions)
-    name = _cache_arg(blocks[0])
     for i in layers:
         out = blocks[i](hidden, attention_mask=mask, position_ids=positions, use_cache=True,
                         position_embeddings=embeddings, **{name: cache})
@@ -140,8 +159,7 @@ def run_layers(model, cache, hidden: torch.Tensor, positions: torch.Tensor, laye
 
 def early_forward(model, cache, token: torch.Tensor, position: int, exit_layer: int) -> torch.Tensor:
     """One token [1] at ``position`` through layers 0..exit_layer-1 into ``cache``: its layer-E state [1, H]."""
-    base = model.get_decoder()
-    hidden = base.embed_tokens(token[None])  # [1, 1, H]
+    hidden = _layer_parts(model)[0].embed_tokens(token[None])  # [1, 1, H]
     positions = torch.full((1, 1), position, dtype=torch.long, device=token.device)
     return run_layers(model, cache, hidden, positions, range(exit_layer), None)[0]
 
@@ -154,21 +172,22 @@ def trim_layers(cache, layers: range, length: int) -> None:
             cache.layers[i].crop(-extra)
 
 
-def resume_forward(model, cache, tree: Tree, states: torch.Tensor, prefix_len: int, exit_layer: int):
+def resume_forward(model, cache, tree: Tree, states: torch.Tensor, prefix_len: int, exit_layer: int,
+                   dtype: torch.dtype | None = None):
     """Verify ``tree`` (a chain of N nodes) from its nodes' saved layer-E states [>= N, H]: layers
     E..L-1 over them, appended to a cache whose early layers already hold the nodes (after
     ``prefix_len``) and whose late layers hold the prefix only; then the final norm and lm_head.
-    Returns (logits [N, V], N), as ``tree_forward`` does (the pass is not padded)."""
+    Returns (logits [N, V], N), as ``tree_forward`` does (the pass is not padded; ``dtype`` as there)."""
     n = tree.size
-    depth = len(decoder_layers(model))
+    base, blocks, _ = _layer_parts(model)
     trim_layers(cache, range(exit_layer), prefix_len + n)  # a chain cut by tree="auto": its first n nodes
-    device, dtype = states.device, model.dtype
+    device, dtype = states.device, model.dtype if dtype is None else dtype
     mask, depths = padded_tree_tensors(tree, n, device, dtype)  # [N, N], [N]
     full = None
     if n > 1:
         full = torch.zeros((1, 1, n, prefix_len + n), dtype=dtype, device=device)  # the prefix: visible to all
         full[0, 0, :, prefix_len:] = mask
     positions = (depths + prefix_len)[None]
-    hidden = run_layers(model, cache, states[:n][None].to(dtype), positions, range(exit_layer, depth), full)
-    hidden = model.get_decoder().norm(hidden)
+    hidden = run_layers(model, cache, states[:n][None].to(dtype), positions, range(exit_layer, len(blocks)), full)
+    hidden = base.norm(hidden)
     return model.get_output_embeddings()(hidden)[0], n

@@ -10,6 +10,7 @@ node attends to the cached prefix, its ancestors and itself.
 
 from __future__ import annotations
 
+import functools
 import os
 from functools import cached_property
 from pathlib import Path
@@ -390,8 +391,10 @@ def shaped_tree(parents: Sequence[int], name: str | None = None) -> Tree:
     return tree
 
 
+@functools.lru_cache(maxsize=256)
 def chain(depth: int) -> Tree:
-    """A chain of ``depth`` draft tokens (the classic speculative-decoding draft)."""
+    """A chain of ``depth`` draft tokens (the classic speculative-decoding draft); one Tree per depth, so its device
+    tensors are built once (a drafter whose chain's length varies by round asks for it every round)."""
     if depth < 0:
         raise ValueError(f"chain depth must be >= 0, got {depth}")
     return Tree(list(range(-1, depth)), name=f"chain-{depth}")
