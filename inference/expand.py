@@ -274,14 +274,14 @@ def grow_dynamic(settings: DynamicTree, max_depth: int, root_token: int, root_lo
     for level in range(depth):
         logp = logits.float().log_softmax(-1)  # [R, V']
         top = vocab_reduce.topk(logp, min(k, logp.shape[-1]))  # [R, k]
-        cum = top.values + torch.tensor([score[n] for n in frontier], device=logp.device)[:, None]  # [R, k]
-        # one read per level: token ids (exact in float64) and cumulative log-probabilities together
-        ids, cum = torch.stack([to_target(top.indices).double(), cum.double()]).tolist()
+        # one read per level: token ids (exact in float64) and log-probabilities together, summed along the path on
+        # the host (in float64: the tensor version's float32 sums may break a near-tie the other way)
+        ids, logps = torch.stack([to_target(top.indices).double(), top.values.double()]).tolist()
         new = []
         for row, node in enumerate(frontier):
             for j in range(len(ids[row])):
                 child = exp.add(node, int(ids[row][j]))
-                score.append(cum[row][j])
+                score.append(score[node] + logps[row][j])
                 new.append(child)
         if level + 1 == depth:
             break
