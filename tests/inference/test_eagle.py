@@ -202,3 +202,16 @@ def test_levels_that_see_the_whole_cache_run_unmasked_and_draft_the_same(family,
         assert (a is None) == (b is None) and (a is None or torch.allclose(torch.tensor(a), torch.tensor(b)))
     assert masked_masks >= len(open_drafts) - 4  # every level built its mask (a prompt's first round drafts none)
     assert open_masks == (0 if tree == "chain-4" else masked_masks)
+
+
+def test_parent_outputs_are_the_stacked_rows_of_their_feeds():
+    """``parent_outputs`` (a level's inputs) equals the row-by-row stack of its parents' outputs in every form it
+    takes: one feed whole, a slice of it, a gather with repeats and out of order, and rows of two feeds."""
+    from headway.inference.eagle import parent_outputs
+
+    first, second = torch.randn(1, 8), torch.randn(4, 8)
+    outputs = {0: (first, 0), **{n: (second, n - 1) for n in range(1, 5)}}
+    for parents in ([0], [1, 2, 3, 4], [2, 3], [4], [1, 1, 3, 3], [3, 1], [0, 2], [2, 0, 4]):
+        want = torch.stack([outputs[p][0][outputs[p][1]] for p in parents])
+        assert torch.equal(parent_outputs(outputs, parents), want), parents
+    assert parent_outputs(outputs, [1, 2, 3, 4]) is second  # a chain's level: the feed itself

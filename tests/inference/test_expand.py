@@ -233,3 +233,13 @@ def test_dynamic_tree_as_tensor_ops_keeps_the_host_versions_tree(depth, top_k, t
     fed.clear()
     shallow = expand_dynamic_tensors(settings, 1, 7, root, rows_feed)
     assert shallow.tree.depth == 1 and shallow.tree.size == 1 + min(top_k, total) and not fed
+
+
+def test_expansion_positions_are_depths_plus_an_offset():
+    """``Expansion.positions``: a static tree's (its depths built once per level) and a dynamic one's (from the host)."""
+    tree = Tree([-1, 0, 0, 1, 2])
+    static = Expansion(list(tree.parents), torch.zeros(5, dtype=torch.long), list(tree.depths), tree=tree)
+    dynamic = Expansion(list(tree.parents), [0] * 5, list(tree.depths))
+    for exp in (static, dynamic):
+        assert exp.positions([3, 4], 10, "cpu").tolist() == [12, 12]
+        assert exp.positions([1, 2, 0], 5, "cpu").tolist() == [6, 6, 5]

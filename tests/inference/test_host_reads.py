@@ -111,6 +111,10 @@ def test_greedy_verification_from_logits_takes_the_argmax_of_the_rows_it_reads_o
             logits[unread] = float("nan")
         got = verify_greedy_logits(tree, tokens, logits)
         assert (int(got[0]), int(got[1])) == (int(want[0]), int(want[1]))
+        if tree.is_chain:  # a chain's host form (SpeculativeGenerator.chain_result): the same path and tokens
+            path, new = SpeculativeGenerator.chain_result(torch.cat([argmax, tokens]).tolist(), None, None)
+            assert path == node_path(tree.parents, int(want[0]))
+            assert new == [int(tokens[i]) for i in path[1:]] + [int(want[1])]
     wide = Tree([-1, 0, 0, 0, 0, 1, 1, 2])  # 3 nodes with children + the leaf: 4 rows of 8
     assert wide.inner_rows(cpu)[0].tolist() == [0, 1, 2]
     assert Tree([-1, 0, 1, 2]).inner_rows(cpu) is None  # a chain: all but its last + the leaf is every row

@@ -2,6 +2,8 @@
 mapped back to target ids), sizes and trees are checked against the target, and the heads are cast and
 bound to a shared lm_head once."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -36,6 +38,8 @@ def test_medusa_candidates_follow_head_topk(tiny_llama):
     top = torch.stack([heads.head_logits(hidden, k) for k in range(3)]).topk(tree.top_k, dim=-1).indices
     for node in range(1, tree.size):
         assert draft.tokens[node] == top[tree.depths[node] - 1, tree.ranks[node]]
+    unscored = drafter.propose(dataclasses.replace(ctx([5, 6, 7], hidden, tree), scored=False))
+    assert unscored.tokens.tolist() == draft.tokens.tolist() and unscored.scores is None  # ranked on the logits
     assert drafter.propose(ctx([5, 6, 7], None, tree)).tree.size == 1  # no hidden state yet: root only
     assert drafter.propose(ctx([5, 6, 7], hidden, tree, max_depth=1)).tree.depth == 1
     assert drafter.default_tree().depth == 3  # tree-15 fits 3 heads
