@@ -33,6 +33,7 @@ from headway.inference.expand import DynamicTree, expand_static, grow_shared_lev
 from headway.inference.kv_cache import hidden_where, step_mask
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
                                        run_alone)
+from headway.inference.ranked import ranked_draft
 from headway.inference.tree import Tree
 
 
@@ -165,6 +166,8 @@ class DFlashProposer(Proposer):
         logits = (yield Project(head, h[1:depth + 1])).float()  # [depth, V']: a batch's rows' in one product
         if dynamic:
             return self._dynamic(ctx, tree, logits)
+        if ctx.sampling is None:  # greedy: a depth's candidates are its slot's top-k, a whole tree one top-k and a gather
+            return ranked_draft(tree, ctx.tokens[-1:], logits, head.to_target_ids, ctx.scored)
 
         def feed(exp, nodes):  # a static level's frontier (one depth): its slot's logits, a row each
             return logits[exp.depths[nodes[0]]].expand(len(nodes), -1)

@@ -15,11 +15,11 @@ import torch
 
 from headway.heads.target.features import num_layers
 from headway.heads.medusa import MedusaHeads
-from headway.inference import vocab_reduce
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
                                         run_alone)
-from headway.inference.tree import Tree, load_tree, node_path
+from headway.inference.ranked import ranked_draft
+from headway.inference.tree import Tree, load_tree
 
 DEFAULT_TREE = "tree-15"
 
@@ -63,21 +63,9 @@ class MedusaProposer(Proposer):
         tree = (self.default_tree() if ctx.tree is None else ctx.tree).truncate(ctx.max_depth)
         if ctx.features is None or ctx.features.shape[0] == 0 or tree.size == 1:
             return root_only(ctx)
-        depth, k = tree.depth, tree.top_k
         hidden = ctx.features[-1].to(self._dtype)  # [H]: the final-norm state that predicted the root
-        logits = yield HeadLogits(self.heads, hidden, depth)  # [D, V]
-        # [D, k]: each head's k most likely tokens; their probabilities only where a score is read (softmax keeps
-        # the logits' order: only which of two near-equal logits ranks first may differ, a draft's choice either way)
-        best = vocab_reduce.topk(logits.float().softmax(-1) if ctx.scored else logits, k)
-        top = self.heads.to_target_ids(best.indices.reshape(-1))  # [D * k] target ids
-        index = _flat_index(tree, k, top.device)  # [N - 1]
-        tokens = torch.cat([ctx.tokens[-1:], top[index]])  # [N]
-        if not ctx.scored:
-            return Draft(tree, tokens)
-        # a node's heads' probabilities multiplied along its path, on the device (tree="auto" reads them once)
-        own = torch.cat([best.values.new_ones(1), best.values.reshape(-1)[index], best.values.new_ones(1)])  # [N + 1]
-        scores = own[_path_table(tree, top.device)].prod(-1)  # [N]
-        return Draft(tree, tokens, scores=scores)
+        logits = yield HeadLogits(self.heads, hidden, tree.depth)  # [D, V']
+        return ranked_draft(tree, ctx.tokens[-1:], logits, self.heads.to_target_ids, ctx.scored)
 
 
     @torch.no_grad()
@@ -125,18 +113,3 @@ def head_rows(heads: MedusaHeads, hidden: torch.Tensor, k: int) -> torch.Tensor:
     ``few_rows_linear``)."""
     features = heads.head_features(hidden, k)  # [R, H]
     return few_rows_linear(features, heads.projection_weight(k).to(features.dtype))
-
-
-def _flat_index(tree: Tree, k: int, device) -> torch.Tensor:
-    """Index of each non-root node into the flattened [D, k] top-k table: (depth - 1) * k + rank.  [N - 1]"""
-    return tree.cached(("medusa_index", k, device), lambda: torch.tensor(
-        [(d - 1) * k + r for d, r in zip(tree.depths[1:], tree.ranks[1:])], dtype=torch.long, device=device))
-
-
-def _path_table(tree: Tree, device) -> torch.Tensor:
-    """[N, D] the nodes on each node's root-to-node path, root first, padded with N (a factor of 1)."""
-    def build() -> torch.Tensor:
-        paths = [node_path(tree.parents, i)[1:] for i in range(tree.size)]
-        return torch.tensor([p + [tree.size] * (tree.depth - len(p)) for p in paths], dtype=torch.long, device=device)
-
-    return tree.cached(("medusa_paths", device), build)

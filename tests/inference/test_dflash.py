@@ -144,6 +144,31 @@ def test_a_dynamic_tree_is_eagle2s_rule_over_the_blocks_rows(family, heads):
     assert all(int(draft.tokens[n]) in top[draft.tree.depths[n] - 1].tolist() for n in range(1, draft.tree.size))
 
 
+@pytest.mark.parametrize("tree_name", ["chain-3", "tree-7"])
+@pytest.mark.parametrize("scored", [False, True])
+def test_a_greedy_static_tree_is_its_expansion_over_the_blocks_rows(family, heads, tree_name, scored):
+    """A greedy static tree is drafted as one top-k over the block's rows and a gather (``ranked_draft``): the tokens
+    (and, where scored, the scores) of the level-by-level expansion over the same rows, ``expand_static``."""
+    from headway.inference.expand import expand_static
+    from headway.inference.proposer import DraftContext
+    from headway.inference.tree import load_tree
+
+    head = dflash_for(family, heads, 60)
+    tree = load_tree(tree_name)
+    gen = SpeculativeGenerator(family.target, head, tree=tree)
+    tokens = gen.generate(family.prompts[2], max_new_tokens=12).sequences[0]
+    prompt = tokens[:gen.drafter._seen + 1]  # the context the drafter has taken in, and its root
+    logits = gen.drafter.block_logits(DraftContext(prompt, None, tree, 3, None, None), 3)  # [3, V']
+    ctx = DraftContext(prompt, tokens.new_zeros(0, 1), tree, 3, None, None, scored=scored)
+    draft = gen.drafter.propose(ctx)
+    want = expand_static(tree, int(prompt[-1]), logits[0], lambda exp, nodes: logits[exp.depths[nodes[0]]].expand(
+        len(nodes), -1), None, None, head.to_target_ids, head.widen, scored)
+    assert draft.tree is tree and draft.tokens.tolist() == want.tokens.tolist() and draft.q is None
+    assert (draft.scores is None) == (not scored)
+    if scored:
+        assert draft.scores.tolist() == pytest.approx(want.scores.tolist(), rel=1e-5)
+
+
 def test_a_block_larger_than_trained_is_refused(family, heads):
     head = dflash_for(family, heads)
     with pytest.raises(ValueError, match="trained on blocks of 4 tokens, so it drafts at most 3 per pass"):
