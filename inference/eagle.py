@@ -19,6 +19,7 @@ import copy
 from typing import Generator
 
 import torch
+import torch.nn.functional as F
 
 from headway.heads.eagle import DraftCache, EagleHead
 from headway.inference.cpu_gemm import few_rows_linear
@@ -27,7 +28,7 @@ from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe
 from headway.inference import vocab_reduce
 from headway.inference.graphs import EagleStepGraphs, same_mode
 from headway.inference.expand import (DynamicTree, additive_mask, feed_block, grow_dynamic, grow_dynamic_tensors,
-                                      grow_static, sees_all)
+                                      grow_static, sees_all, static_feed_mask)
 from headway.inference.tree import Tree
 
 # EAGLE-2's settings scaled to a CPU, where a verification of 8 tokens costs ~1.8-2 plain steps (~1.75 on
@@ -195,9 +196,10 @@ class EagleProposer(Proposer):
         try:
             exp, nodes = next(growth)
             while True:
+                open = sees_all(exp, nodes)
                 request = Feed(self, exp.token_ids(nodes, device), exp.positions(nodes, length - 2, device),
                                parent_outputs(outputs, [exp.parents[n] for n in nodes]), feed_block(exp, nodes, device),
-                               sees_all(exp, nodes))
+                               open, None if open else static_feed_mask(exp, nodes, device, root_h.dtype))
                 out, logits = yield request  # [R, H], [R, V']
                 outputs.update((n, (out, r)) for r, n in enumerate(nodes))
                 exp, nodes = growth.send(logits)
@@ -342,19 +344,22 @@ class Feed(DraftRequest):
     parent's output hidden [R, H], seeing the row's context, its fed ancestors and itself (blocked [R, F + R]
     bool: True where it must not look, over the row's fed nodes in feed order and these). ``open``: nothing is
     blocked (one node whose fed nodes are all its ancestors: a chain's level), so the step needs no mask.
+    ``block``: ``blocked`` as an additive mask [1, 1, R, F + R] built once (a static tree's level), or None.
     Result: (the outputs h' [R, H], their logits [R, V'])."""
 
-    def __init__(self, proposer: EagleProposer, tokens, positions, hidden, blocked, open: bool = False):
+    def __init__(self, proposer: EagleProposer, tokens, positions, hidden, blocked, open: bool = False,
+                 block: torch.Tensor | None = None):
         self.key, self.proposer = proposer.head, proposer
         self.tokens, self.positions, self.hidden, self.blocked = tokens, positions, hidden, blocked
-        self.open = open
+        self.open, self.block = open, block
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
         p, head = self.proposer, self.proposer.head
         graphed = p._level_graphed(self.tokens, self.hidden, self.positions, self.blocked)
         if graphed is not None:
             return graphed
-        mask = None if self.open else additive_mask(self.blocked, p._seen, self.hidden.dtype)  # [1, 1, R, seen+F+R]
+        mask = None if self.open else F.pad(self.block, (p._seen, 0)) if self.block is not None else \
+            additive_mask(self.blocked, p._seen, self.hidden.dtype)  # [1, 1, R, seen + F + R]
         out = head(self.tokens[None], self.hidden[None], self.positions[None], attention_mask=mask,
                    cache=p._cache)[0]  # [R, H]
         return out, few_rows_linear(*head.projection(out))

@@ -138,6 +138,16 @@ def feed_block(exp: Expansion, nodes: list[int], device) -> torch.Tensor:
     return blocked() if exp.tree is None else exp.tree.cached(("feed", len(exp.fed), tuple(nodes), str(device)), blocked)
 
 
+def static_feed_mask(exp: Expansion, nodes: list[int], device, dtype: torch.dtype) -> torch.Tensor | None:
+    """A static tree's ``feed_block`` as an additive mask [1, 1, R, F + R] of 0 / finfo.min, built once per level
+    (a feed pads it by its context's columns: one op a round where building it takes three); None for a dynamic
+    tree (its levels are new each round)."""
+    if exp.tree is None:
+        return None
+    return exp.tree.cached(("feed_mask", len(exp.fed), tuple(nodes), str(device), dtype),
+                           lambda: additive_mask(feed_block(exp, nodes, device), 0, dtype))
+
+
 def sees_all(exp: Expansion, nodes: list[int]) -> bool:
     """True when ``nodes`` is one node and every node fed before it is its ancestor (each level of a chain): its
     step sees the whole cache, so it needs no mask. Decided on the host (memoised per level of a static tree)."""

@@ -14,6 +14,7 @@ import inspect
 import weakref
 
 import torch
+import torch.nn.functional as F
 
 from headway.heads.target.features import decoder_layers
 from headway.inference.tree import Tree
@@ -92,8 +93,7 @@ def tree_forward(model, cache, tree: Tree, tokens: torch.Tensor, prefix_len: int
         dtype = model.dtype if dtype is None else dtype  # (a walk over the parameters: only where a mask is built)
         mask, depths = padded_tree_tensors(tree, width, device, dtype)  # [W, W], [W]
         positions = depths + prefix_len
-        full = torch.zeros((1, 1, width, prefix_len + width), dtype=dtype, device=device)  # prefix: visible to all
-        full[0, 0, :, prefix_len:] = mask
+        full = F.pad(mask.expand(1, 1, width, width), (prefix_len, 0))  # [1, 1, W, P + W]: the prefix visible to all
     out = model(input_ids=tokens[None], position_ids=positions[None], attention_mask=full,
                 cache=cache, use_cache=True, logits_to_keep=width)
     return out.logits[0, :n], width

@@ -243,3 +243,22 @@ def test_expansion_positions_are_depths_plus_an_offset():
     for exp in (static, dynamic):
         assert exp.positions([3, 4], 10, "cpu").tolist() == [12, 12]
         assert exp.positions([1, 2, 0], 5, "cpu").tolist() == [6, 6, 5]
+
+
+def test_a_static_levels_mask_padded_by_its_context_is_the_mask_built_for_it():
+    """``static_feed_mask`` (built once per level of a static tree) padded by a context of any length equals the mask
+    built from the level's ``feed_block`` after that context; it is the same tensor every round; a dynamic tree has
+    none."""
+    import torch.nn.functional as F
+
+    from headway.inference.expand import additive_mask, static_feed_mask
+
+    tree = Tree([-1, 0, 0, 1, 1, 2, 3])
+    exp = Expansion(list(tree.parents), torch.zeros(7, dtype=torch.long), list(tree.depths), tree=tree)
+    for nodes in ([1, 2], [3, 4, 5], [6]):
+        block = static_feed_mask(exp, nodes, "cpu", torch.float32)
+        assert block is static_feed_mask(exp, nodes, "cpu", torch.float32)
+        for seen in (0, 5):
+            assert torch.equal(F.pad(block, (seen, 0)), additive_mask(feed_block(exp, nodes, "cpu"), seen, torch.float32))
+        exp.fed += nodes
+    assert static_feed_mask(Expansion([-1], [7], [0]), [0], "cpu", torch.float32) is None
