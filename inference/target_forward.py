@@ -184,9 +184,8 @@ def resume_forward(model, cache, tree: Tree, states: torch.Tensor, prefix_len: i
     device, dtype = states.device, model.dtype if dtype is None else dtype
     mask, depths = padded_tree_tensors(tree, n, device, dtype)  # [N, N], [N]
     full = None
-    if n > 1:
-        full = torch.zeros((1, 1, n, prefix_len + n), dtype=dtype, device=device)  # the prefix: visible to all
-        full[0, 0, :, prefix_len:] = mask
+    if n > 1:  # [1, 1, N, P + N]: the prefix visible to all, as tree_forward pads its mask
+        full = F.pad(mask.expand(1, 1, n, n), (prefix_len, 0))
     positions = (depths + prefix_len)[None]
     hidden = run_layers(model, cache, states[:n][None].to(dtype), positions, range(exit_layer, len(blocks)), full)
     hidden = base.norm(hidden)
