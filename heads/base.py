@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -196,8 +197,32 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], s
     module.load_state_dict(state, strict=True)
 
 
+def model_identity(name_or_path: str | None) -> str | None:
+    """A model's name as a Hub id, a local folder and a Hub cache snapshot of it all spell it: the repository's own
+    name, lower-cased ("HuggingFaceTB/SmolLM2-135M", "/models/smollm2-135m/" and ".../models--HuggingFaceTB--SmolLM2-135M
+    /snapshots/<hash>" -> "smollm2-135m"); None when nothing is known."""
+    parts = [p for p in str(name_or_path or "").replace("\\", "/").split("/") if p]
+    for part in parts:
+        if part.startswith("models--"):
+            return part.split("--")[-1].lower()
+    return parts[-1].lower() if parts else None
+
+
+def warn_other_target(config: DrafterConfig, target_config) -> None:
+    """Warn (once per pair) when the drafter names the target it was trained on and this target is another one of
+    the same shape: the output stays the target's exactly, but its drafts will seldom be accepted."""
+    trained = model_identity(config.base_model_name_or_path)
+    given = model_identity(getattr(target_config, "_name_or_path", None))
+    if trained and given and trained != given:
+        warnings.warn(f"this drafter was trained on {config.base_model_name_or_path!r}, not on the target "
+                      f"{target_config._name_or_path!r}; the output is still the target's, but expect little "
+                      "speed-up: use a drafter trained for this target", UserWarning, stacklevel=3)
+
+
 def check_target_compatible(config: DrafterConfig, target_config) -> None:
-    """Raise ValueError naming both values when the drafter was built for another target shape."""
+    """Raise ValueError naming both values when the drafter was built for another target shape; warn when it names
+    another target of the same shape (``warn_other_target``)."""
+    outer = target_config
     target_config = getattr(target_config, "get_text_config", lambda: target_config)()
     hidden = getattr(target_config, "hidden_size", None)
     vocab = getattr(target_config, "vocab_size", None)
@@ -207,6 +232,7 @@ def check_target_compatible(config: DrafterConfig, target_config) -> None:
     if vocab is not None and vocab != config.vocab_size:
         raise ValueError(f"drafter vocab_size {config.vocab_size} does not match the target's vocab_size {vocab}; "
                          "train or load heads made for this target")
+    warn_other_target(config, outer)
 
 
 class DraftVocabulary:

@@ -26,6 +26,43 @@ def test_mismatched_target_names_both_values(tiny_llama, tiny_qwen2):
         heads.bind_target(target)
 
 
+@pytest.mark.parametrize("given, warned", [
+    ("HuggingFaceTB/SmolLM2-135M", False),  # the same model as a Hub id, a local folder, a Hub cache snapshot
+    ("/models/smollm2-135m/", False),
+    ("/cache/hub/models--HuggingFaceTB--SmolLM2-135M/snapshots/0123abcd", False),
+    ("", False),  # a target built from a config names nothing: nothing to compare
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", True),  # another model of the same shape
+    ("/cache/hub/models--Org--Other-135M/snapshots/0123abcd", True),
+])
+def test_a_drafter_for_another_target_of_the_same_shape_warns(given, warned, recwarn):
+    cfg = DrafterConfig(hidden_size=64, vocab_size=218, base_model_name_or_path="HuggingFaceTB/SmolLM2-135M")
+    check_target_compatible(cfg, SimpleNamespace(hidden_size=64, vocab_size=218, _name_or_path=given))
+    messages = [str(w.message) for w in recwarn.list if w.category is UserWarning]
+    if not warned:
+        assert messages == []
+        return
+    assert messages == [f"this drafter was trained on 'HuggingFaceTB/SmolLM2-135M', not on the target {given!r}; the "
+                        "output is still the target's, but expect little speed-up: use a drafter trained for this "
+                        "target"]
+    with pytest.raises(ValueError, match="hidden_size"):  # a shape mismatch is an error first, not a warning
+        check_target_compatible(cfg, SimpleNamespace(hidden_size=32, vocab_size=218, _name_or_path=given))
+
+
+def test_a_loaded_drafter_warns_when_bound_to_another_model(tiny_llama, tmp_path):
+    target, _ = tiny_llama
+    before = target.config._name_or_path  # a session fixture: put back
+    try:
+        target.config._name_or_path = "org/tiny-target"
+        MedusaHeads.from_target(target, num_heads=2).save_pretrained(tmp_path)
+        loaded = load_drafter(tmp_path)
+        assert loaded.config.base_model_name_or_path == "org/tiny-target"
+        target.config._name_or_path = "org/other-target"
+        with pytest.warns(UserWarning, match=r"trained on 'org/tiny-target', not on the target 'org/other-target'"):
+            loaded.check_target(target)
+    finally:
+        target.config._name_or_path = before
+
+
 def test_corrupt_or_truncated_weights(tiny_llama, tmp_path):
     target, _ = tiny_llama
     MedusaHeads.from_target(target, MedusaConfig(num_heads=2)).save_pretrained(tmp_path)
