@@ -66,7 +66,7 @@ import torch
 
 from headway.inference.cost_curve import CostCurve, OnlineCost
 from headway.inference.proposer import Draft, Probe, can_probe, exact_float
-from headway.inference.tree import Tree
+from headway.inference.tree import Tree, shaped_tree
 from headway.inference.target_forward import verify_width
 from headway.inference.graphs import graph_width
 
@@ -452,17 +452,22 @@ def prune(draft: Draft, keep: list[int]) -> Draft:
     index = {old: new for new, old in enumerate(keep)}
     parents = [-1] + [index[draft.tree.parents[n]] for n in keep[1:]]
     ranks = [draft.tree.ranks[n] for n in keep]
-    tokens = draft.tokens[torch.tensor(keep, device=draft.tokens.device)]
+    rows = torch.tensor(keep, device=draft.tokens.device)  # [K]
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        return t.index_select(0, rows if rows.device == t.device else rows.to(t.device))
+
+    tokens = cut(draft.tokens)
     q = draft.q
     if isinstance(q, dict):
         q = {index[n]: v for n, v in q.items() if n in index}
     elif q is not None:
-        q = q[torch.tensor(keep, device=q.device)]
+        q = cut(q)
     if isinstance(draft.scores, torch.Tensor):  # left on the device (a sampled draft's): cut there, unread
-        scores = draft.scores[torch.tensor(keep, device=draft.scores.device)]
+        scores = cut(draft.scores)
     else:
         scores = [draft.scores[n] for n in keep] if draft.scores is not None else None
     sources = [draft.sources[n] for n in keep] if draft.sources is not None else None
-    states = draft.states[torch.tensor(keep, device=draft.states.device)] if draft.states is not None else None
-    return Draft(Tree(parents, ranks=ranks, name=f"auto-{len(keep)}"), tokens, q, scores=scores, sources=sources,
-                 states=states)
+    states = cut(draft.states) if draft.states is not None else None
+    return Draft(shaped_tree(parents, name=f"auto-{len(keep)}", ranks=ranks), tokens, q, scores=scores,
+                 sources=sources, states=states)

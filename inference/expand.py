@@ -27,7 +27,7 @@ import torch
 from headway.heads.values import parse_bool
 from headway.inference import vocab_reduce
 from headway.inference.proposer import Draft, exact_float, sample_children
-from headway.inference.tree import Tree, device_tree
+from headway.inference.tree import Tree, device_tree, shaped_tree
 from headway.inference.verify import SamplingParams
 
 
@@ -316,7 +316,8 @@ def kept_draft(settings: DynamicTree, keep: list[int], parents, tokens, score, d
     assert all(parents[n] in index for n in keep), "dynamic tree lost an ancestor"
     tree_parents = [-1] + [index[parents[n]] for n in order[1:]]
     ids = torch.tensor([tokens[n] for n in order], dtype=torch.long, device=device)
-    return Draft(Tree(tree_parents, name=settings.name), ids, None, scores=[math.exp(score[n]) for n in order])
+    # one Tree per shape (``shaped_tree``): a shape drafted before comes with its masks and verification tensors built
+    return Draft(shaped_tree(tree_parents, name=settings.name), ids, None, scores=[math.exp(score[n]) for n in order])
 
 
 # feed_rows(tokens [R] long, parent_rows [R] long: each row's parent among the previous feed's rows, -1 the root,
@@ -430,7 +431,7 @@ def _kept_tensors(settings: DynamicTree, tokens: torch.Tensor, parents: torch.Te
     scores = score[order].to(exact_float(device)).exp()  # [N] (float64 as the host growth's, where there is one)
     n = order.shape[0]
     if k == 1 or total == 1:  # a chain, known without a read: verified under the causal mask as every chain is
-        return Draft(Tree(list(range(-1, n - 1)), name=settings.name), tokens[order], None, scores=scores)
+        return Draft(shaped_tree(list(range(-1, n - 1)), name=settings.name), tokens[order], None, scores=scores)
     new_parents = index[parents[order].clamp(min=0)]
     new_parents[0] = -1
     tree = device_tree(new_parents, depths[order], depth, k, name=settings.name)

@@ -377,17 +377,18 @@ _SHAPES: dict[tuple, Tree] = {}
 MAX_SHAPES = 4096  # retrieval's shapes vary with its matches: the cache is bounded (cleared when full)
 
 
-def shaped_tree(parents: Sequence[int], name: str | None = None) -> Tree:
-    """The ``Tree`` of ``parents`` (ranks by sibling order), one instance per shape and name: a drafter that builds
-    its tree each round (prompt lookup, suffix decoding, lookahead, a hybrid's merge) gets a shape it drafted before
+def shaped_tree(parents: Sequence[int], name: str | None = None, ranks: Sequence[int] | None = None) -> Tree:
+    """The ``Tree`` of ``parents`` (``ranks``: by sibling order when None), one instance per shape, ranks and name: a
+    drafter that builds its tree each round (prompt lookup, suffix decoding, lookahead, a hybrid's merge, EAGLE-2's
+    host growth, ``tree="auto"``'s cut) gets a shape it drafted before
     with its masks and verification tensors already built (``Tree.cached``). A tree's shape never changes after it
     is made (only its caches of derived tensors fill), and nothing writes into those tensors, so sharing is safe."""
-    key = (tuple(parents), name)
+    key = (tuple(parents), name, None if ranks is None else tuple(ranks))
     tree = _SHAPES.get(key)
     if tree is None:
         if len(_SHAPES) >= MAX_SHAPES:
             _SHAPES.clear()
-        tree = _SHAPES[key] = Tree(parents, name=name)
+        tree = _SHAPES[key] = Tree(parents, ranks=ranks, name=name)
     return tree
 
 

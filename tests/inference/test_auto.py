@@ -199,6 +199,8 @@ def test_selection_follows_the_scores_and_the_curve():
     assert torch.equal(kept.q, q[[0, 1, 3]])
     pruned = prune(Draft(Tree([-1, 0, 0]), torch.tensor([5, 6, 7]), q={0: q[0]}), [0, 2])
     assert pruned.tree.parents == [-1, 0] and pruned.tokens.tolist() == [5, 7] and set(pruned.q) == {0}
+    again = prune(Draft(Tree([-1, 0, 0]), torch.tensor([1, 2, 3]), q=None), [0, 2])  # the same cut, another round
+    assert again.tree is pruned.tree and pruned.tree.ranks == [0, 1]  # one Tree a shape: its tensors built once
 
 
 def test_a_cell_estimate_is_the_decayed_share_accepted_with_the_drafters_prior():

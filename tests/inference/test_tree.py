@@ -116,6 +116,9 @@ def test_a_shape_drafted_again_is_the_same_tree(monkeypatch):
     assert shaped_tree([-1, 0, 1, 0], name="suffix") is not a and shaped_tree([-1, 0, 0, 1], "prompt-lookup") is not a
     fresh = Tree([-1, 0, 1, 0], name="prompt-lookup")
     assert (a.parents, a.depths, a.ranks, a.children) == (fresh.parents, fresh.depths, fresh.ranks, fresh.children)
+    ranked = shaped_tree([-1, 0, 1, 0], name="prompt-lookup", ranks=[0, 1, 0, 0])  # a cut keeps its ranks: its own tree
+    assert ranked is not a and ranked.ranks == [0, 1, 0, 0] and a.ranks == [0, 0, 0, 1]
+    assert shaped_tree([-1, 0, 1, 0], name="prompt-lookup", ranks=(0, 1, 0, 0)) is ranked
     assert a.greedy_tensors(torch.device("cpu"))[0] is a.greedy_tensors(torch.device("cpu"))[0]
     monkeypatch.setattr(tree_mod, "_SHAPES", {})
     monkeypatch.setattr(tree_mod, "MAX_SHAPES", 3)
