@@ -50,7 +50,8 @@ METHODS = {  # name -> (drafter kind, tree)
     # the other drafter kinds, each under its default tree
     "peagle": ("peagle", None),  # K = 4 from one drafter pass
     "dflash": ("dflash", "chain-7"),  # a block of 8: a chain of 7
-    "dflash-dynamic": ("dflash", None),  # its default: EAGLE-2's dynamic tree over its block (read with verification)
+    "dflash-dynamic": ("dflash", None),  # its default: EAGLE-2's dynamic tree over its block (as EAGLE's: the host on a CPU)
+    "dflash-dynamic-tensor": ("dflash", None),  # tensor ops forced (DFlashProposer.tensor_rounds), read with verification
     "layerskip": ("layerskip", None),  # the target's first layers (counted as the target's time) + the exit head
     "layerskip-nostop": ("layerskip", None),  # without the CPU's early stop (a read per token): the CUDA default
     "draft-model": ("draft-model", "chain-3"),  # a random 2-layer Llama

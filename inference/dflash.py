@@ -10,7 +10,8 @@ The default tree is EAGLE-2's dynamic tree over the block's rows (depth B - 1, t
 EAGLE's CPU default; ``tree={"depth": d, "top_k": k, "total_tokens": n}`` sets it): every depth-d
 node's children are the top-k of slot d + 1's row (the row that scores depth d + 1), the frontier the
 k best paths by cumulative log-probability, the n best nodes kept (``grow_shared_levels``: tensor
-ops, the kept tree's shape read with the verification; candidates deterministic, verified as one-hot
+ops, the kept tree's shape read with the verification, on CUDA; on a CPU, where a read is free, one read and the
+tree grown on the host: ``grow_shared_levels_host``; candidates deterministic, verified as one-hot
 drafts in greedy and sampled decoding alike), at no drafter cost beyond the block's one pass.
 ``tree="auto"`` cuts it per round (the eight task groups, 3 prompts x 2 repeats, BENCHMARKS.md: 1.09x
 plain on average against 1.01x cutting the block's chain, ahead of it in every group). A static tree (a
@@ -29,7 +30,7 @@ from headway.heads.dflash import DFlashHead
 from headway.heads.eagle_layer import DraftCache
 from headway.inference.cpu_gemm import few_rows_linear
 from headway.inference.eagle import Project, bind_head
-from headway.inference.expand import DynamicTree, expand_static, grow_shared_levels
+from headway.inference.expand import DynamicTree, expand_static, grow_shared_levels, grow_shared_levels_host
 from headway.inference.kv_cache import hidden_where, step_mask
 from headway.inference.proposer import (Draft, DraftContext, DraftRequest, Probe, Proposer, first_guesses, root_only,
                                        run_alone)
@@ -40,7 +41,15 @@ from headway.inference.tree import Tree
 class DFlashProposer(Proposer):
     """Wraps a ``DFlashHead``; default tree: EAGLE-2's dynamic tree over the block (``default_tree``). Under
     ``tree="auto"`` a drafter that lost is tested by ``probe`` (a block at each of the last few tokens, one pass)
-    before a round is tried again."""
+    before a round is tried again.
+
+    ``tensor_rounds``: True grows the dynamic tree with tensor ops and no read, its shape read with the round's
+    verification (``grow_shared_levels``); False reads the block's candidates once and grows the tree on the host
+    (``grow_shared_levels_host``: the same tree); None (the default) is True on CUDA, where a read is a sync, and
+    False elsewhere (scripts/runtime_probe.py: 224 torch calls a round against 91, own work 0.35 of a plain step
+    against 0.23)."""
+
+    tensor_rounds: bool | None = None
 
     def __init__(self, head: DFlashHead):
         self.head = head.eval()
@@ -178,7 +187,9 @@ class DFlashProposer(Proposer):
     def _dynamic(self, ctx: DraftContext, tree: DynamicTree, logits: torch.Tensor) -> Draft:
         """An EAGLE-2 dynamic tree over the block's rows (logits [depth, V']): a level's every row is its depth's slot
         (the slots never read the drafted tokens, so a node's children do not depend on which node it is)."""
-        return grow_shared_levels(tree, ctx.root_token, logits, self.head.to_target_ids)
+        tensor_rounds = self.tensor_rounds if self.tensor_rounds is not None else logits.device.type == "cuda"
+        grow = grow_shared_levels if tensor_rounds else grow_shared_levels_host
+        return grow(tree, ctx.root_token, logits, self.head.to_target_ids)
 
 
 class BlockPass(DraftRequest):

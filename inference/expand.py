@@ -412,6 +412,33 @@ def grow_shared_levels(settings: DynamicTree, root_token: int, logits: torch.Ten
     return _kept_tensors(settings, torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(score), depth)
 
 
+def grow_shared_levels_host(settings: DynamicTree, root_token: int, logits: torch.Tensor,
+                            to_target: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> Draft:
+    """``grow_shared_levels`` where a read costs no sync (a CPU): every level's log-softmax and top-k at once, one
+    read of their ids and log-probabilities, the tree grown on the host as ``grow_dynamic`` grows it (float64 sums,
+    ties to the lower node id) and kept by ``kept_draft`` (one Tree a shape). The tensor version's ops, each a few
+    microseconds after the block's projection, are most of a round's own work there."""
+    k, depth = settings.top_k, min(settings.depth, logits.shape[0])
+    top = vocab_reduce.topk(logits[:depth].float().log_softmax(-1), min(k, logits.shape[-1]))  # [D, k']
+    ids, logps = torch.stack([to_target(top.indices).double(), top.values.double()]).tolist()  # one read
+    parents, tokens, depths, score = [-1], [root_token], [0], [0.0]
+    frontier = [0]
+    for level in range(depth):
+        new = []
+        for node in frontier:
+            for token, logp in zip(ids[level], logps[level]):
+                new.append(len(parents))
+                parents.append(node)
+                tokens.append(int(token))
+                depths.append(level + 1)
+                score.append(score[node] + logp)
+        if level + 1 == depth:
+            break
+        frontier = sorted(sorted(new, key=lambda n: (-score[n], n))[:k])  # the best k grow on, in id order
+    keep = sorted(range(1, len(parents)), key=lambda n: (-score[n], depths[n], n))[:settings.total_tokens]
+    return kept_draft(settings, keep, parents, tokens, score, depths, logits.device)
+
+
 def _kept_tensors(settings: DynamicTree, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
                   score: torch.Tensor, depth: int) -> Draft:
     """The grown nodes (tokens, parents, depths, cumulative log-probabilities: [M], the root first) -> the Draft of

@@ -8,6 +8,7 @@ import torch
 
 from headway.heads.dflash import DFlashHead
 from headway.inference import SpeculativeGenerator
+from headway.inference.dflash import DFlashProposer
 from headway.inference.expand import DynamicTree
 from tests.inference.spec_utils import assert_batch_equals_rows, left_pad
 
@@ -100,11 +101,13 @@ def test_a_batchs_blocks_are_one_pass_giving_each_row_its_own(family, heads):
         assert all(len(c) == p._seen for c in p._caches)
 
 
-def test_a_batchs_dynamic_trees_are_read_with_its_verification(family, heads):
+def test_a_batchs_dynamic_trees_are_read_with_its_verification(family, heads, monkeypatch):
     """Each row's dynamic tree stays on the device until the batch's one verification read carries its shape: one
-    read a round for the whole batch (the runtime probe's counter), where each row read its own tree before."""
+    read a round for the whole batch (the runtime probe's counter), where each row read its own tree before (the
+    tensor growth, CUDA's default: a CPU grows the tree on the host)."""
     from headway.bench.runtime_probe import Meter, counted_reads, metered
 
+    monkeypatch.setattr(DFlashProposer, "tensor_rounds", True)  # every row's fork
     head = dflash_for(family, heads)
     gen = SpeculativeGenerator(family.target, head, tree=DYNAMIC)
     pad = family.target.generation_config.pad_token_id
