@@ -17,7 +17,8 @@ def test_runtime_probe_runs_as_typed(tmp_path):
     results = json.loads(out.read_text())
     rows = {r["method"]: r for r in results["methods"]}
     assert set(rows) == {"eagle3-chain", "eagle3-tree", "eagle3-dynamic", "eagle3-dynamic-tensor", "medusa", "lookup",
-                         "peagle", "dflash", "dflash-dynamic", "layerskip", "layerskip-nostop", "draft-model",
+                         "peagle", "dflash", "dflash-dynamic", "dflash-dynamic-tensor", "layerskip", "layerskip-nostop",
+                         "draft-model",
                          "lookahead", "suffix", "hybrid"}
     assert results["plain_step_ms"] > 0
     for name, r in rows.items():
@@ -25,11 +26,13 @@ def test_runtime_probe_runs_as_typed(tmp_path):
         assert r["own_ms_per_round"] > 0 and 0 < r["own_share"] < 1 and r["rounds"] > 0
         assert 10 < r["torch_calls_per_round"] < 1000, (name, r["torch_calls_per_round"])
         # every drafter kind: one read per round (a dynamic tree grown with tensor ops, EAGLE's or DFlash's, reads its
-        # shape with the verification); the host version (a CPU's default) one per level; LayerSkip's early stop on a
-        # CPU one per drafted token; a greedy hybrid with a fixed tree stacks its drafts unread (hybrid.stack_drafts)
-        if name not in ("eagle3-dynamic", "layerskip"):
+        # shape with the verification); the host versions (a CPU's default) EAGLE's one per level, DFlash's one more;
+        # LayerSkip's early stop on a CPU one per drafted token; a greedy hybrid with a fixed tree stacks its drafts
+        # unread (hybrid.stack_drafts)
+        if name not in ("eagle3-dynamic", "dflash-dynamic", "layerskip"):
             assert r["reads_per_round"] == 1.0, (name, r["reads_per_round"])
     assert rows["eagle3-dynamic"]["reads_per_round"] > 2.0 and rows["layerskip"]["reads_per_round"] > 1.0
+    assert 1.0 < rows["dflash-dynamic"]["reads_per_round"] <= 2.0
     # the drafters with modules spend time in them; P-EAGLE drafts in one pass a round (the prompt's round none)
     for name in ("eagle3-chain", "medusa", "peagle", "dflash", "draft-model", "hybrid"):
         assert rows[name]["draft_ms_per_round"] > 0, name
