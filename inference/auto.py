@@ -455,7 +455,7 @@ def prune(draft: Draft, keep: list[int]) -> Draft:
     rows = torch.tensor(keep, device=draft.tokens.device)  # [K]
 
     def cut(t: torch.Tensor) -> torch.Tensor:
-        return t.index_select(0, rows if rows.device == t.device else rows.to(t.device))
+        return t.index_select(0, rows.to(t.device))  # a no-op move on the tokens' device
 
     tokens = cut(draft.tokens)
     q = draft.q
